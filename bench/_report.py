@@ -1,0 +1,127 @@
+"""Tables on stdout, JSON and plots for the benchmark modes."""
+
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list
+    rows: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    # Optional plot: (x column, [y columns], log-x, log-y)
+    plot: tuple = None
+
+    def add(self, *row):
+        self.rows.append(list(row))
+
+    def render(self) -> str:
+        cells = [[_fmt(c) for c in r] for r in self.rows]
+        widths = [max([len(str(h))] + [len(r[i]) for r in cells]) for i, h in enumerate(self.columns)]
+        line = "  ".join(str(h).rjust(w) for h, w in zip(self.columns, widths))
+        out = [f"== {self.title}", line, "-" * len(line)]
+        out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+        out += [f"   {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        if abs(v) >= 1:
+            return f"{v:.3f}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def machine(ctx) -> dict:
+    import torch
+
+    import mlacore
+
+    info = {
+        "mlacore": mlacore.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "device": str(ctx.device),
+        "built_with_cuda": mlacore.built_with("cuda"),
+        "built_with_hip": mlacore.built_with("hip"),
+    }
+    if ctx.gpu:
+        props = torch.cuda.get_device_properties(ctx.device)
+        info.update(gpu=props.name, sms=props.multi_processor_count, cuda=torch.version.cuda)
+        try:
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = "unknown"
+    try:
+        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        info["git"] = "unknown"
+    return info
+
+
+class Report:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.tables = []  # (mode, Table)
+        self.skipped = {}
+
+    def add(self, mode, table):
+        self.tables.append((mode, table))
+        print(table.render(), flush=True)
+        print(flush=True)
+
+    def skip(self, mode, why):
+        self.skipped[mode] = why
+        print(f"== {mode}: skipped ({why})\n", flush=True)
+
+    def write_json(self, path):
+        doc = {
+            "machine": machine(self.ctx),
+            "skipped": self.skipped,
+            "tables": [{"mode": m, "title": t.title, "columns": t.columns, "rows": t.rows, "notes": t.notes}
+                       for m, t in self.tables],
+        }
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+
+    def write_plots(self, directory):
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("--plot: matplotlib is not installed; no plots written")
+            return
+        os.makedirs(directory, exist_ok=True)
+        for i, (mode, t) in enumerate(self.tables):
+            if not t.plot:
+                continue
+            x, ys, logx, logy = t.plot
+            xi = t.columns.index(x)
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for y in ys:
+                yi = t.columns.index(y)
+                ax.plot([r[xi] for r in t.rows], [r[yi] for r in t.rows], marker="o", label=y)
+            ax.set_xscale("log" if logx else "linear")
+            ax.set_yscale("log" if logy else "linear")
+            ax.set_xlabel(x)
+            ax.set_title(t.title, fontsize=9)
+            ax.legend(fontsize=8)
+            ax.grid(True, alpha=0.3)
+            fig.tight_layout()
+            fig.savefig(os.path.join(directory, f"{mode}-{i}.png"), dpi=90)
+            plt.close(fig)

@@ -1,0 +1,63 @@
+"""Timing helpers. Host time: perf_counter over many calls (the Python-visible
+cost of a call). Device time: CUDA events around each call, medians, with the
+L2 flushed before every timed call unless the caller says the data is meant
+to be warm."""
+
+import statistics
+import time
+
+
+def host_us_per_call(fn, calls=2000, rounds=7):
+    """Median over rounds of the mean host time of one call, in microseconds."""
+    for _ in range(min(calls, 200)):
+        fn()
+    per_round = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_round.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(per_round)
+
+
+class L2Flush:
+    """Writes a buffer larger than the L2 so the next kernel starts cold."""
+
+    def __init__(self, device, nbytes=256 << 20):
+        import torch
+
+        self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self):
+        self.buf.zero_()
+
+
+def device_ms(fn, repeats=50, warmup=5, flush=None):
+    """Median device time of fn() in milliseconds, CUDA events, L2 flushed between calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def cpu_ms(fn, repeats=20, warmup=2):
+    """Median wall time of fn() on the CPU in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)

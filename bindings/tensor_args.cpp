@@ -1,0 +1,99 @@
+#include "tensor_args.h"
+
+#include <cstring>
+#include <string>
+
+namespace mlacore::bind {
+namespace {
+
+// Per-type cache of the exchange API. Python types that carry it are few
+// (torch.Tensor, nn.Parameter, ...), so a short linear table suffices; it
+// holds a reference to each type so a cached address is never reused.
+struct ApiCacheEntry {
+  PyTypeObject* type;
+  const DLPackExchangeAPI* api;
+};
+constexpr int kApiCacheSize = 8;
+ApiCacheEntry api_cache[kApiCacheSize];
+int api_cache_used = 0;
+
+const DLPackExchangeAPI* lookup_api(PyTypeObject* type) {
+  for (int i = 0; i < api_cache_used; ++i)
+    if (api_cache[i].type == type) return api_cache[i].api;
+
+  const DLPackExchangeAPI* api = nullptr;
+  PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) {
+    PyErr_Clear();
+  } else {
+    if (PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+      auto* candidate = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+      if (candidate != nullptr && candidate->header.version.major == DLPACK_MAJOR_VERSION &&
+          candidate->dltensor_from_py_object_no_sync != nullptr)
+        api = candidate;
+    }
+    Py_DECREF(capsule);
+  }
+  if (api_cache_used < kApiCacheSize) {
+    Py_INCREF(type);
+    api_cache[api_cache_used++] = {type, api};
+  }
+  return api;
+}
+
+void convert_fallback(nb::handle obj, const char* name, TensorArg& out) {
+  if (!nb::hasattr(obj, "__dlpack__")) {
+    std::string kind = nb::type_name(obj.type()).c_str();
+    throw nb::type_error((std::string(name) + ": expected a tensor (an object with __dlpack__), got " + kind).c_str());
+  }
+  nb::object capsule = obj.attr("__dlpack__")();
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
+    throw nb::type_error((std::string(name) + ": __dlpack__() did not return a 'dltensor' capsule").c_str());
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  out.dl = managed->dl_tensor;
+  // The capsule stays un-consumed: its destructor frees the tensor once the
+  // call is over and `keep` is released.
+  out.keep = std::move(capsule);
+  out.api = nullptr;
+  out.present = true;
+}
+
+}  // namespace
+
+void convert(nb::handle obj, const char* name, TensorArg& out) {
+  if (obj.is_none())
+    throw nb::type_error((std::string(name) + ": expected a tensor, got None").c_str());
+  const DLPackExchangeAPI* api = lookup_api(Py_TYPE(obj.ptr()));
+  if (api == nullptr) return convert_fallback(obj, name, out);
+  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &out.dl) != 0) throw nb::python_error();
+  out.api = api;
+  out.present = true;
+}
+
+void convert_optional(nb::handle obj, const char* name, TensorArg& out) {
+  if (obj.is_none()) {
+    out.present = false;
+    return;
+  }
+  convert(obj, name, out);
+}
+
+void* stream_for(const TensorArg& anchor, nb::handle stream) {
+  if (!stream.is_none()) return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream));
+  const DLDeviceType type = anchor.dl.device.device_type;
+  if (!anchor.present || anchor.api == nullptr || (type != kDLCUDA && type != kDLROCM)) return nullptr;
+  void* current = nullptr;
+  if (anchor.api->current_work_stream(type, anchor.dl.device.device_id, &current) != 0) throw nb::python_error();
+  return current;
+}
+
+void raise_status(mlacore_status status) {
+  const char* message = mlacore_last_error();
+  switch (status) {
+    case MLACORE_ERROR_VALUE: throw nb::value_error(message);
+    case MLACORE_ERROR_TYPE: throw nb::type_error(message);
+    default: throw std::runtime_error(message);
+  }
+}
+
+}  // namespace mlacore::bind

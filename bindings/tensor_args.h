@@ -1,0 +1,46 @@
+// Conversion of Python tensors into borrowed DLTensors, and of core statuses
+// into Python exceptions. This is all the binding layer does.
+//
+// Fast path: torch's DLPack C exchange API (`type.__dlpack_c_exchange_api__`,
+// DLPack 1.3) fills a DLTensor on the stack in ~0.1 us and reports the
+// current stream, without linking libtorch. Objects without it fall back to
+// `__dlpack__()` (a capsule held for the duration of the call).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <dlpack/dlpack.h>
+#include <mlacore/mlacore.h>
+
+namespace nb = nanobind;
+
+namespace mlacore::bind {
+
+struct TensorArg {
+  DLTensor dl{};
+  const DLPackExchangeAPI* api = nullptr;  // null on the __dlpack__ fallback
+  nb::object keep;                          // fallback capsule
+  bool present = false;                     // false for an optional None
+
+  const DLTensor* get() const { return present ? &dl : nullptr; }
+};
+
+// Converts `obj` (named `name` in errors); TypeError when it is no tensor.
+void convert(nb::handle obj, const char* name, TensorArg& out);
+
+// Same, but None gives an absent argument (get() == nullptr).
+void convert_optional(nb::handle obj, const char* name, TensorArg& out);
+
+// The stream to launch on: `stream` when it is an int (a raw cudaStream_t or
+// hipStream_t), else the producer's current stream on `anchor`'s device
+// (NULL for CPU tensors and for producers without the exchange API).
+void* stream_for(const TensorArg& anchor, nb::handle stream);
+
+// Raises the Python exception that matches a failed status.
+void raise_status(mlacore_status status);
+
+inline void check(mlacore_status status) {
+  if (status != MLACORE_OK) raise_status(status);
+}
+
+}  // namespace mlacore::bind

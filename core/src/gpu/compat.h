@@ -1,0 +1,98 @@
+// The one portability header for CUDA and HIP. Kernel sources (*.cu) are
+// single-source: compiled by nvcc for CUDA and by hipcc (-x hip) for HIP; they
+// use the gpu* names below and never the vendor prefix directly.
+#pragma once
+
+#if defined(__HIPCC__) || defined(MLACORE_WITH_HIP)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define MLACORE_GPU_HIP 1
+using gpuStream_t = hipStream_t;
+using gpuError_t = hipError_t;
+#define gpuSuccess hipSuccess
+#define gpuGetLastError hipGetLastError
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetDevice hipGetDevice
+#define gpuSetDevice hipSetDevice
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuHostAlloc(p, n) hipHostMalloc((p), (n), hipHostMallocDefault)
+#define gpuFreeHost hipHostFree
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), a, v)
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#else
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#define MLACORE_GPU_CUDA 1
+using gpuStream_t = cudaStream_t;
+using gpuError_t = cudaError_t;
+#define gpuSuccess cudaSuccess
+#define gpuGetLastError cudaGetLastError
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetDevice cudaGetDevice
+#define gpuSetDevice cudaSetDevice
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuHostAlloc(p, n) cudaHostAlloc((p), (n), cudaHostAllocDefault)
+#define gpuFreeHost cudaFreeHost
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#endif
+
+#include <cstdint>
+
+#include "../error.h"
+
+namespace mlacore::gpu {
+
+inline gpuStream_t as_stream(void* stream) { return static_cast<gpuStream_t>(stream); }
+
+// Throws RuntimeError naming the operation when a runtime call failed.
+inline void check(gpuError_t status, const char* what) {
+  if (status != gpuSuccess) runtime_error(what, ": ", gpuGetErrorString(status));
+}
+
+// After a launch: configuration errors surface here, not at the next sync.
+inline void check_launch(const char* kernel) {
+  gpuError_t status = gpuGetLastError();
+  if (status != gpuSuccess) runtime_error(kernel, ": launch failed: ", gpuGetErrorString(status));
+}
+
+// Makes `device` current for the scope, so tensors on a GPU other than the
+// current one launch where their memory lives.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(gpuGetDevice(&previous_), "gpuGetDevice");
+    if (previous_ != device) check(gpuSetDevice(device), "gpuSetDevice");
+    restore_ = previous_ != device;
+  }
+  ~DeviceGuard() {
+    if (restore_) (void)gpuSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+inline unsigned blocks_for(int64_t work, int threads, int64_t cap = 65535LL * 32) {
+  int64_t b = (work + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return static_cast<unsigned>(b < cap ? b : cap);
+}
+
+}  // namespace mlacore::gpu
+
+// Loads and stores of 16 bytes: the vector width every copy kernel uses.
+#define MLACORE_VEC_BYTES 16
