@@ -27,8 +27,10 @@ void bind_runtime(nb::module_& m) {
         }
         check(mlacore_noop(dls, 9, stream_for(a[0], stream)));
       },
-      nb::arg("t0"), nb::arg("t1"), nb::arg("t2"), nb::arg("t3"), nb::arg("t4"), nb::arg("t5"),
-      nb::arg("t6"), nb::arg("t7"), nb::arg("t8"), nb::arg("stream") = nb::none());
+      // .none() on tensor arguments: None reaches convert(), whose error names the argument.
+      nb::arg("t0").none(), nb::arg("t1").none(), nb::arg("t2").none(), nb::arg("t3").none(),
+      nb::arg("t4").none(), nb::arg("t5").none(), nb::arg("t6").none(), nb::arg("t7").none(),
+      nb::arg("t8").none(), nb::arg("stream").none() = nb::none());
 }
 
 }  // namespace mlacore::bind

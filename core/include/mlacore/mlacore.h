@@ -56,4 +56,6 @@ MLACORE_API mlacore_status mlacore_noop(const DLTensor* const* tensors, int32_t 
 } /* extern "C" */
 #endif
 
+/* Capabilities: one header each, all part of this ABI. */
+
 #endif /* MLACORE_MLACORE_H_ */
