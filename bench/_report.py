@@ -64,11 +64,18 @@ def machine(ctx) -> dict:
                 capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             info["driver"] = "unknown"
-    try:
-        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                     timeout=10, cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        info["git"] = "unknown"
+    # The revision of the checkout the bench runs from (an installed package
+    # has none of its own); "unknown" outside a checkout.
+    info["git"] = "unknown"
+    for where in (os.getcwd(), os.path.dirname(__file__)):
+        try:
+            rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 timeout=10, cwd=where).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            rev = ""
+        if rev:
+            info["git"] = rev
+            break
     return info
 
 

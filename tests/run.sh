@@ -35,7 +35,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 mes
 
 step "HIP compile check"
 if command -v hipcc >/dev/null; then
-  [ -d build/hip ] || meson setup build/hip -Dgpu=hip -Dtests=false >/dev/null
+  [ -d build/hip ] || meson setup build/hip -Dgpu=hip -Dtests=false | tail -4
   ninja -C build/hip
   echo "HIP build of libmlacore: ok ($(hipcc --version | head -1))"
 else

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call on the lent H200: install the build tools carried as wheels
+# in .whl/ (../shared/gpu/stage-wheels.sh --peers), build mlacore with CUDA,
+# then run the requested steps, writing logs under $OUT.
+#   bash tests/gpu/run_h200.sh "pytest sanitizer bench:overhead,attn"
+set -uo pipefail
+STEPS=${1:-"pytest bench"}
+OUT=${OUT:-/tmp/mlacore-out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+if ! python3 -m pip install -q --no-build-isolation --no-deps -Csetup-args=-Dsm_targets=90a \
+     -Cbuild-dir=build/gpu . > "$OUT/build.txt" 2>&1; then
+  tail -60 "$OUT/build.txt"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+for step in $STEPS; do
+  case $step in
+    pytest)
+      (cd /tmp && python3 -m pytest -q -rs "$ROOT/tests" 2>&1) | tee "$OUT/pytest.txt" | tail -40 ;;
+    pytest:*)
+      (cd /tmp && python3 -m pytest -q -rs "$ROOT/tests" -k "${step#pytest:}" 2>&1) | tee "$OUT/pytest.txt" | tail -40 ;;
+    mesontest)
+      meson test -C build/gpu --print-errorlogs 2>&1 | tail -15 ;;
+    sanitizer)
+      for tool in memcheck racecheck; do
+        (cd /tmp && compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x -m "not slow" \
+          "$ROOT/tests" -k "cuda" 2>&1) | tee "$OUT/sanitizer-$tool.txt" | tail -8
+      done ;;
+    bench)
+      python3 -m mlacore bench --json "$OUT/bench.json" --plot "$OUT/plots" 2>&1 | tee "$OUT/bench.txt" ;;
+    bench:*)
+      modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
+      python3 -m mlacore bench $modes --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
