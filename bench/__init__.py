@@ -14,6 +14,12 @@ from ._report import Report
 # expose `supported(ctx) -> str | None` (None when it can run, else why not).
 MODES = {
     "overhead": "overhead",
+    "append": "append",
+    "attn": "attn",
+    "pool": "pool",
+    "cat": "cat",
+    "slots": "slots",
+    "plan": "plan",
 }
 
 

@@ -44,9 +44,11 @@ struct PageTable {
   MLACORE_HD int64_t slot(int64_t b, int64_t pos) const {
     int64_t begin, end;
     if (pos < 0 || !pages_of(b, begin, end)) return -1;
-    const int64_t i = begin + pos / page_size;
-    if (i >= end) return -1;
-    const int64_t page = page_at(i);
+    // Compared before adding: begin + pos / page_size can overflow for a huge
+    // pos, and a wrapped index would pass an `i >= end` check.
+    const int64_t page_in_request = pos / page_size;
+    if (page_in_request >= end - begin) return -1;
+    const int64_t page = page_at(begin + page_in_request);
     return page < 0 ? -1 : page * page_size + pos % page_size;
   }
 };

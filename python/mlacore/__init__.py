@@ -5,7 +5,13 @@ package allocates outputs, registers torch custom ops and shapes the API.
 """
 
 from . import _mlacore
+from ._append import append_paged_kv_cache, append_paged_mla_kv_cache
+from ._backends import backends
+from ._decode import BatchMLAPagedAttentionWrapper
+from ._kv_layout import combined_kv_view, explain_kv_layout
 from ._paths import get_cmake_dir, get_include, get_library_dir, get_pkgconfig_dir
+from ._plan import MlaPlan, PlanInfo, default_max_work, plan_metadata_size
+from ._slot_mapping import get_batch_indices_positions, page_indices_from_block_table, slot_mapping
 
 __version__ = _mlacore.version()
 
@@ -18,8 +24,21 @@ def built_with(feature: str) -> bool:
 __all__ = [
     "__version__",
     "built_with",
+    "backends",
+    "append_paged_mla_kv_cache",
+    "append_paged_kv_cache",
+    "MlaPlan",
+    "PlanInfo",
+    "default_max_work",
+    "plan_metadata_size",
+    "BatchMLAPagedAttentionWrapper",
     "get_include",
     "get_library_dir",
     "get_pkgconfig_dir",
     "get_cmake_dir",
+    "combined_kv_view",
+    "explain_kv_layout",
+    "slot_mapping",
+    "page_indices_from_block_table",
+    "get_batch_indices_positions",
 ]

@@ -57,5 +57,11 @@ MLACORE_API mlacore_status mlacore_noop(const DLTensor* const* tensors, int32_t 
 #endif
 
 /* Capabilities: one header each, all part of this ABI. */
+#include <mlacore/plan.h>
+#include <mlacore/backend.h>
+#include <mlacore/paged_append.h>
+#include <mlacore/kv_layout.h>
+#include <mlacore/slot_mapping.h>
+#include <mlacore/decode.h>
 
 #endif /* MLACORE_MLACORE_H_ */

@@ -1,0 +1,114 @@
+"""Host time of MlaPlan.build against the round trips it replaces.
+
+Compared in the same run, per batch size:
+- `MlaPlan.build` on device inputs (one packed D2H, one sync, one async H2D);
+- three blocking `.cpu()` copies followed by the same host schedule (what
+  FlashInfer-style planners pay);
+- one bare pinned D2H copy of the same bytes + stream sync: the floor of any
+  host-built plan;
+- FlashInfer's BatchMLAPagedAttentionWrapper.plan when flashinfer imports;
+- `MlaPlan.build_device`: host time only, it must not synchronize.
+
+The bar (issue 3): build <= 1.3x the bare pinned round trip. Without a GPU
+the mode plans CPU tensors at small sizes (no round trip exists there).
+"""
+
+import torch
+
+import mlacore
+
+from ._report import Table
+from ._timing import host_us_per_call
+
+PAGE_SIZE = 64
+NUM_HEADS = 16
+
+
+def _batch(batch, device, gen):
+    kv_len = torch.randint(1, 4097, (batch,), generator=gen, dtype=torch.int32)
+    pages = (kv_len + PAGE_SIZE - 1) // PAGE_SIZE
+    kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(pages, 0)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32)
+    return qo_indptr.to(device), kv_indptr.to(device), kv_len.to(device)
+
+
+def _flashinfer_plan(device, max_batch):
+    """A callable (qo, kv, len, indices) -> None running FlashInfer's plan, or the reason it cannot."""
+    try:
+        import flashinfer  # noqa: F401 - optional comparison only
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper
+    except Exception as e:  # any import failure only removes the comparison
+        return None, f"flashinfer not importable ({type(e).__name__})"
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = BatchMLAPagedAttentionWrapper(workspace)
+
+    def plan(qo, kv, kv_len, kv_indices):
+        wrapper.plan(qo, kv, kv_indices, kv_len, NUM_HEADS, 512, 64, PAGE_SIZE, False, 1.0 / 24,
+                     torch.bfloat16, torch.bfloat16)
+
+    return plan, None
+
+
+def run(ctx):
+    dev = ctx.device
+    gen = torch.Generator().manual_seed(0)
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256] if ctx.full else [1, 4, 16, 64]
+    calls = ctx.repeats or (2000 if ctx.gpu else 300)
+    plan = mlacore.MlaPlan(dev, max_batch=max(batches))
+
+    if not ctx.gpu:
+        t = Table(f"MlaPlan.build host time on {dev} (median of 7 rounds x {calls} calls)",
+                  ["batch", "build us", "clone x3 + build us", "ratio"],
+                  plot=("batch", ["build us", "clone x3 + build us"], True, False))
+        for b in batches:
+            qo, kv, kv_len = _batch(b, dev, gen)
+            us = host_us_per_call(lambda: plan.build(qo, kv, kv_len, PAGE_SIZE, NUM_HEADS), calls)
+            us3 = host_us_per_call(lambda: plan.build(qo.clone(), kv.clone(), kv_len.clone(), PAGE_SIZE, NUM_HEADS),
+                                   calls)
+            t.add(b, us, us3, us / us3)
+        t.notes.append("CPU inputs, CPU metadata: no round trip exists; the GPU run holds the bar "
+                       "(build <= 1.3x one bare pinned D2H + sync)")
+        return [t]
+
+    fi_plan, fi_why = _flashinfer_plan(dev, max(batches))
+    stream = torch.cuda.current_stream(dev)
+    t = Table(f"plan host time per call on {dev} (us, median of 7 rounds x {calls} calls)",
+              ["batch", "bare D2H", "build", "x bare", "3x .cpu()+build", "flashinfer", "build_device"],
+              plot=("batch", ["bare D2H", "build", "3x .cpu()+build", "flashinfer", "build_device"], True, False))
+    worst = 0.0
+    for b in batches:
+        qo, kv, kv_len = _batch(b, dev, gen)
+        nbytes_elems = qo.numel() + kv.numel() + kv_len.numel()
+        packed = torch.cat([qo, kv, kv_len])
+        pinned = torch.empty(nbytes_elems, dtype=torch.int32, pin_memory=True)
+
+        def bare():
+            pinned.copy_(packed, non_blocking=True)
+            stream.synchronize()
+
+        def three_copies():
+            plan.build(qo.cpu(), kv.cpu(), kv_len.cpu(), PAGE_SIZE, NUM_HEADS)
+
+        bare_us = host_us_per_call(bare, calls)
+        build_us = host_us_per_call(lambda: plan.build(qo, kv, kv_len, PAGE_SIZE, NUM_HEADS), calls)
+        three_us = host_us_per_call(three_copies, calls)
+        fi_us = float("nan")
+        if fi_plan is not None:
+            kv_indices = torch.arange(int(kv[-1]), dtype=torch.int32, device=dev)
+            try:
+                fi_us = host_us_per_call(lambda: fi_plan(qo, kv, kv_len, kv_indices), max(calls // 4, 50))
+            except Exception as e:  # a FlashInfer failure costs the column, never the run
+                fi_plan, fi_why = None, f"flashinfer plan failed ({type(e).__name__}: {e})"
+        dev_us = host_us_per_call(lambda: plan.build_device(qo, kv, kv_len, PAGE_SIZE, NUM_HEADS), calls)
+        torch.cuda.synchronize(dev)
+        worst = max(worst, build_us / bare_us)
+        t.add(b, bare_us, build_us, build_us / bare_us, three_us, fi_us, dev_us)
+    stats = plan.stats
+    t.notes.append(f"bar: build <= 1.3x bare D2H at every batch; worst {worst:.2f}x "
+                   f"({'met' if worst <= 1.3 else 'NOT met'})")
+    t.notes.append(f"pinned allocations over the whole run: {stats['pinned_allocations']} (must be 1)")
+    t.notes.append(f"page_size {PAGE_SIZE}, {NUM_HEADS} heads, qo_len 1, kv_len uniform in [1, 4096], int32 inputs")
+    if fi_why:
+        t.notes.append(f"flashinfer column empty: {fi_why}")
+    return [t]

@@ -1,0 +1,100 @@
+/* mlacore plan metadata: the decode schedule (work items over KV chunks,
+ * last-page lengths, partial-output indices) that the MLA decode kernels read.
+ *
+ * A plan is an opaque handle sized for a capacity (max_batch requests,
+ * max_work work items) and an SM/CU count. Its schedule goes into an int32
+ * metadata tensor the caller allocates with mlacore_plan_metadata_size()
+ * elements (1-D, contiguous, 16-byte aligned), on the GPU or the CPU.
+ *
+ * Inputs, all 1-D int32 or int64 (strides honoured): qo_indptr [batch+1]
+ * (query tokens), kv_indptr [batch+1] (pages), kv_len_arr [batch] (tokens).
+ *
+ *  - mlacore_plan_build: the host computes the schedule. Host inputs: no
+ *    round trip (a device metadata tensor gets one async H2D copy). Device
+ *    inputs: exactly one D2H copy of the three arrays into the plan's pinned
+ *    staging buffer and one stream synchronization, then one async H2D copy.
+ *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request.
+ *    Not allowed while the stream captures a CUDA graph. After a failure the
+ *    metadata tensor's contents are unspecified.
+ *  - mlacore_plan_build_device: the same schedule, bit for bit, computed by
+ *    one kernel on the stream from device inputs: no synchronization, legal
+ *    inside CUDA-graph capture. Values cannot be checked on the host there: an
+ *    invalid request gets no work and the header's error word (index 7) gets
+ *    MLACORE_PLAN_ERROR_* bits.
+ *
+ * A plan is not thread-safe: one builder at a time per handle.
+ */
+#ifndef MLACORE_PLAN_H_
+#define MLACORE_PLAN_H_
+
+#include <mlacore/mlacore.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlacore_plan mlacore_plan;
+
+/* Error bits of the metadata header (device-only builds). */
+#define MLACORE_PLAN_ERROR_INDPTR_START 1 /* qo_indptr[0] or kv_indptr[0] != 0: nothing planned */
+#define MLACORE_PLAN_ERROR_INDPTR 2       /* an indptr decreases or exceeds int32 at some request */
+#define MLACORE_PLAN_ERROR_KV_LEN 4       /* kv_len < 0 or not matching its page count */
+
+typedef struct mlacore_plan_info {
+  int32_t batch;
+  int32_t num_work;      /* work items in use; the rest of max_work are padding */
+  int32_t num_partials;  /* partial outputs the combine merges */
+  int32_t max_qo_len;
+  int32_t max_kv_len;
+  int32_t chunk_tokens;  /* KV tokens per split, a multiple of 64 */
+  int32_t total_qo;      /* qo_indptr[batch] */
+  int32_t error;         /* MLACORE_PLAN_ERROR_* bits; 0 after a host build */
+  int32_t on_host;       /* 0 after a device build: only batch is known, read the header */
+  int32_t reserved;
+} mlacore_plan_info;
+
+/* Counters for tests and benchmarks: what the builds did. */
+typedef struct mlacore_plan_stats {
+  int64_t pinned_allocations;
+  int64_t device_to_host_copies;
+  int64_t host_to_device_copies;
+  int64_t stream_syncs;
+  int64_t device_builds;
+  const void* staging; /* the pinned buffer (NULL until a GPU build needs it) */
+} mlacore_plan_stats;
+
+/* Work items that are enough for any batch of up to max_batch requests. */
+MLACORE_API int64_t mlacore_plan_default_max_work(int64_t max_batch, int32_t num_sms);
+
+/* int32 elements of the metadata tensor for a capacity; -1 for invalid values. */
+MLACORE_API int64_t mlacore_plan_metadata_size(int64_t max_batch, int64_t max_work);
+
+/* Offsets (int32 elements) of the header, kv_last_page_len, split_indptr and
+ * work-item sections, in that order, into `offsets[4]`. */
+MLACORE_API mlacore_status mlacore_plan_layout(int64_t max_batch, int64_t max_work, int64_t* offsets);
+
+/* max_work <= 0 picks mlacore_plan_default_max_work(). max_work must be >= max_batch. */
+MLACORE_API mlacore_status mlacore_plan_create(int64_t max_batch, int64_t max_work, int32_t num_sms,
+                                               mlacore_plan** out);
+MLACORE_API void mlacore_plan_destroy(mlacore_plan* plan);
+
+MLACORE_API mlacore_status mlacore_plan_build(mlacore_plan* plan, const DLTensor* qo_indptr,
+                                              const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
+                                              int32_t page_size, int32_t num_heads, const DLTensor* metadata,
+                                              void* stream);
+MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const DLTensor* qo_indptr,
+                                                     const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
+                                                     int32_t page_size, int32_t num_heads,
+                                                     const DLTensor* metadata, void* stream);
+
+MLACORE_API mlacore_status mlacore_plan_capacity(const mlacore_plan* plan, int64_t* max_batch, int64_t* max_work,
+                                                 int32_t* num_sms);
+/* The last successful build's summary. */
+MLACORE_API mlacore_status mlacore_plan_get_info(const mlacore_plan* plan, mlacore_plan_info* out);
+MLACORE_API mlacore_status mlacore_plan_get_stats(const mlacore_plan* plan, mlacore_plan_stats* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MLACORE_PLAN_H_ */

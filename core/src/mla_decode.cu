@@ -1,0 +1,646 @@
+// MLA decode kernels: the tensor-core kernel (CUDA sm_80+, mma.sync), the
+// portable SIMT kernel (HIP, and CUDA on request), and the LSE combine.
+//
+// Tensor-core kernel, one CTA per (work item, tile of query rows):
+//  - query rows (qo_len * heads, token-major) are packed into M. A CTA holds
+//    kRowGroups groups of 16 rows; heads=16 decode uses the 1-group config, so
+//    no MMA is spent on padding rows, and 8 warps split its KV columns instead.
+//  - each 64-token KV tile (64 x 576: ckv | kpe) crosses HBM once per CTA,
+//    by cp.async into a double buffer, gathered row by row through the page
+//    table (page size 1 puts every token on its own page), and serves both
+//    S = Q K^T (all 576 dims) and O += P V (V = the first 512 dims).
+//  - warp (g, c) of group g computes S for 64/kColSplit tokens and O for
+//    512/kColSplit columns; row maxima and P go through shared memory, so the
+//    fp32 output accumulator per thread stays <= 128 registers.
+//  - online softmax in base 2 (scores scaled by sm_scale * log2 e).
+// Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8):
+// ldmatrix's 8 row addresses then hit 8 different bank groups.
+//
+// A wgmma/TMA variant for sm_90a replaces mma_tile_qk/mma_tile_pv and the
+// loader; the schedule, epilogue and combine stay.
+#include "gpu/compat.h"
+
+#include <cstdint>
+
+#include "decode_numeric.h"
+#include "decode_schedule.h"
+#include "mla_decode.h"
+
+namespace mlacore {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
+
+struct ItemView {
+  int64_t b, qo_begin, qo_len, kv_len, begin, end, partial;
+  bool ok;
+};
+
+// The work item of CTA `w`, checked against the header and the tables; ok is
+// false for padding, out-of-range requests and partial indices the workspace
+// cannot hold (a schedule bug must never become a stray write).
+template <class Idx>
+__device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
+  ItemView v{};
+  const int32_t* md = p.metadata;
+  const ScheduleLayout layout{p.max_batch, p.max_work};
+  const int64_t num_work = md[kHdrNumWork];
+  int64_t batch = md[kHdrBatch];
+  batch = batch < p.batch ? batch : p.batch;
+  batch = batch < p.max_batch ? batch : p.max_batch;
+  if (w >= num_work) return v;
+  const int32_t* it = md + layout.work() + 4 * w;
+  v.b = it[0];
+  if (v.b < 0 || v.b >= batch) return v;
+  v.qo_begin = static_cast<int64_t>(p.qo_indptr[v.b * p.qo_indptr_stride]);
+  const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(v.b + 1) * p.qo_indptr_stride]);
+  v.qo_len = qo_end - v.qo_begin;
+  v.kv_len = static_cast<int64_t>(p.kv_len[v.b * p.kv_len_stride]);
+  if (v.qo_begin < 0 || v.qo_len <= 0 || qo_end > p.total_q) return v;
+  v.begin = it[1] > 0 ? it[1] : 0;
+  v.end = it[2] < v.kv_len ? it[2] : v.kv_len;
+  v.partial = it[3];
+  if (v.partial >= p.max_work) return v;
+  v.ok = true;
+  return v;
+}
+
+#if defined(MLACORE_GPU_CUDA)
+
+// ---------------------------------------------------------------------------
+// Tensor-core kernel (CUDA only)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 zero-fills and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled buffer of rows of `chunks` chunks.
+__device__ __forceinline__ uint32_t swz(int r, int c, int chunks) {
+  return static_cast<uint32_t>((r * chunks + (c ^ (r & 7))) * 16);
+}
+
+template <int kRowGroups>
+struct MmaConfig {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kColSplit = kWarps / kRowGroups;         // warps sharing one 16-row group
+  static constexpr int kRows = 16 * kRowGroups;                 // query rows per CTA
+  static constexpr int kTokPerWarp = kDecodeTileTokens / kColSplit;  // S columns per warp
+  static constexpr int kColsPerWarp = kCkvDim / kColSplit;      // O columns per warp
+  static constexpr int kSTiles = kTokPerWarp / 8;
+  static constexpr int kOTiles = kColsPerWarp / 8;
+  static constexpr int kStages = 2;
+  // shared memory, bytes
+  static constexpr int kQBytes = kRows * kQkDim * 2;
+  static constexpr int kKvBytes = kDecodeTileTokens * kQkDim * 2;
+  static constexpr int kPBytes = kRows * kDecodeTileTokens * 2;
+  static constexpr int kRedBytes = kRowGroups * kColSplit * 16 * 4;
+  static constexpr int kValidBytes = kStages * kDecodeTileTokens;
+  static constexpr int kOffKv = kQBytes;
+  static constexpr int kOffP = kOffKv + kStages * kKvBytes;
+  static constexpr int kOffRed = kOffP + kPBytes;
+  static constexpr int kOffValid = kOffRed + kRedBytes;
+  static constexpr int kSmem = kOffValid + kValidBytes;
+  static_assert(kTokPerWarp == 8 || kTokPerWarp % 16 == 0, "S slab must suit ldmatrix.x4");
+  static_assert(kColsPerWarp % 16 == 0, "O slab must suit ldmatrix.x4.trans");
+};
+
+template <bool kBf16, int kRowGroups, class Idx>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const DecodeParams<Idx> p) {
+  using C = MmaConfig<kRowGroups>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* s_red = reinterpret_cast<float*>(smem + C::kOffRed);
+  unsigned char* s_valid = smem + C::kOffValid;
+  const uint32_t s_q = smem_addr(smem);
+  const uint32_t s_kv = smem_addr(smem + C::kOffKv);
+  const uint32_t s_p = smem_addr(smem + C::kOffP);
+
+  const ItemView item = read_item(p, blockIdx.x);
+  if (!item.ok) return;
+  const int H = p.num_heads;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * C::kRows;
+  if (row0 >= rows) return;
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rg = warp / C::kColSplit, cs = warp % C::kColSplit;
+  const int64_t rows_here = rows - row0 < C::kRows ? rows - row0 : C::kRows;
+  const bool group_active = rg * 16 < rows_here;  // warp-uniform: idle groups skip the MMAs
+
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+  const auto* ckv = static_cast<const uint16_t*>(p.ckv);
+  const auto* kpe = static_cast<const uint16_t*>(p.kpe);
+
+  // Query tile -> shared (zero rows past the request).
+  for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* src = c < kCkvDim / 8
+        ? qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + c * 8
+        : qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + (c - kCkvDim / 8) * 8;
+    cp_async16(s_q + swz(r, c, kChunks), valid ? src : qn, valid);
+  }
+
+  int64_t page_begin = 0, page_end = 0;
+  if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;  // every token masked
+  const int64_t num_req_pages = page_end - page_begin;
+  const int page_size = static_cast<int>(p.pages.page_size);
+
+  // 8 threads per token row (each 8-lane group reads 128 contiguous bytes per
+  // instruction), 32 rows per pass, 2 passes.
+  auto load_tile = [&](int stage, int64_t tile_start) {
+    const int sub = tid & 7;
+    for (int pass = 0; pass < 2; ++pass) {
+      const int tok = pass * 32 + (tid >> 3);
+      const int64_t pos = tile_start + tok;
+      int64_t page = -1;
+      int off = 0;
+      if (pos < item.end) {
+        const int64_t in_req = pos / page_size;
+        off = static_cast<int>(pos - in_req * page_size);
+        if (in_req < num_req_pages) page = p.pages.page_at(page_begin + in_req);
+      }
+      const bool valid = page >= 0;
+      const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + off * p.ckv_stride_tok : 0);
+      const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + off * p.kpe_stride_tok : 0);
+      const uint32_t dst = s_kv + stage * C::kKvBytes;
+#pragma unroll
+      for (int j = 0; j < kChunks / 8; ++j) {
+        const int c = sub + 8 * j;
+        const uint16_t* src = c < kCkvDim / 8 ? crow + c * 8 : krow + (c - kCkvDim / 8) * 8;
+        cp_async16(dst + swz(tok, c, kChunks), src, valid);
+      }
+      if (sub == 0) s_valid[stage * kDecodeTileTokens + tok] = valid;
+    }
+  };
+
+  // The two rows this thread owns in every accumulator fragment, and the
+  // first KV position each may not see.
+  int64_t limit[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t grow = row0 + rg * 16 + (lane >> 2) + 8 * i;
+    const int64_t t = grow / H;
+    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
+    lim = lim < item.end ? lim : item.end;
+    limit[i] = grow < rows ? lim : 0;
+  }
+
+  float o[C::kOTiles][4];
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
+  if (n_tiles > 0) load_tile(0, item.begin);
+  cp_async_commit();
+
+  for (int64_t it = 0; it < n_tiles; ++it) {
+    const int st = static_cast<int>(it & 1);
+    const int64_t tile_start = item.begin + it * kDecodeTileTokens;
+    cp_async_wait_all();
+    __syncthreads();  // tile `it` visible to all; everyone is done with the other buffer
+    if (it + 1 < n_tiles) load_tile(st ^ 1, tile_start + kDecodeTileTokens);
+    cp_async_commit();
+
+    const uint32_t kv = s_kv + st * C::kKvBytes;
+    float s[C::kSTiles][4];
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+
+    // S = Q K^T over 576 dims.
+    if (group_active) {
+      const int a_row = rg * 16 + (lane & 15);
+      if constexpr (C::kTokPerWarp == 8) {
+        // One n-tile: each ldmatrix.x4 of K brings two k-steps.
+        const int k_row = cs * 8 + (lane & 7);
+#pragma unroll 6
+        for (int kk = 0; kk < kChunks / 4; ++kk) {
+          uint32_t b[4], a0[4], a1[4];
+          ldsm_x4(b, kv + swz(k_row, kk * 4 + (lane >> 3), kChunks));
+          ldsm_x4(a0, s_q + swz(a_row, kk * 4 + (lane >> 4), kChunks));
+          ldsm_x4(a1, s_q + swz(a_row, kk * 4 + 2 + (lane >> 4), kChunks));
+          mma16816<kBf16>(s[0], a0, b[0], b[1]);
+          mma16816<kBf16>(s[0], a1, b[2], b[3]);
+        }
+      } else {
+        const int k_row = cs * C::kTokPerWarp + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll 4
+        for (int kk = 0; kk < kChunks / 2; ++kk) {
+          uint32_t a[4];
+          ldsm_x4(a, s_q + swz(a_row, kk * 2 + (lane >> 4), kChunks));
+#pragma unroll
+          for (int j = 0; j < C::kSTiles; j += 2) {
+            uint32_t b[4];
+            ldsm_x4(b, kv + swz(k_row + j * 8, kk * 2 + ((lane >> 3) & 1), kChunks));
+            mma16816<kBf16>(s[j], a, b[0], b[1]);
+            mma16816<kBf16>(s[j + 1], a, b[2], b[3]);
+          }
+        }
+      }
+    }
+
+    // Mask, scale, and this warp's row maxima.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2 + (e & 1);
+        const int i = e >> 1;
+        const bool ok = tile_start + tok < limit[i] && s_valid[st * kDecodeTileTokens + tok];
+        s[j][e] = ok ? s[j][e] * p.scale_log2 : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[j][e]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    }
+    if ((lane & 3) == 0) {
+      s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2)] = mx[0];
+      s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2) + 8] = mx[1];
+    }
+    __syncthreads();
+
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float m_new = m_run[i];
+#pragma unroll
+      for (int c = 0; c < C::kColSplit; ++c)
+        m_new = fmaxf(m_new, s_red[(rg * C::kColSplit + c) * 16 + (lane >> 2) + 8 * i]);
+      // A row that has seen nothing valid keeps m = -inf; exponentiate against 0 so no inf - inf.
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = fast_exp2(m_run[i] - m_use[i]);
+      m_run[i] = m_new;
+      l_run[i] *= alpha[i];
+    }
+    // P (this warp's slab) -> shared, for every warp of the group.
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) {
+      const float p0 = fast_exp2(s[j][0] - m_use[0]), p1 = fast_exp2(s[j][1] - m_use[0]);
+      const float p2 = fast_exp2(s[j][2] - m_use[1]), p3 = fast_exp2(s[j][3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2;
+      const int r = rg * 16 + (lane >> 2);
+      const uint32_t in_chunk = (tok & 7) * 2;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r, tok >> 3, 8) + in_chunk), "r"(pack2<kBf16>(p0, p1)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r + 8, tok >> 3, 8) + in_chunk),
+                   "r"(pack2<kBf16>(p2, p3)));
+    }
+#pragma unroll
+    for (int j = 0; j < C::kOTiles; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    __syncthreads();
+
+    // O += P V, V = the first 512 dims of the tile, read transposed.
+    if (group_active) {
+#pragma unroll
+      for (int kt = 0; kt < kDecodeTileTokens / 16; ++kt) {
+        uint32_t a[4];
+        ldsm_x4(a, s_p + swz(rg * 16 + (lane & 15), kt * 2 + (lane >> 4), 8));
+        const int v_row = kt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int j = 0; j < C::kOTiles; j += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, kv + swz(v_row, (cs * C::kColsPerWarp + j * 8) / 8 + (lane >> 4), kChunks));
+          mma16816<kBf16>(o[j], a, b[0], b[1]);
+          mma16816<kBf16>(o[j + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  cp_async_wait_all();  // the query copy is still in flight when the item has no KV tile
+
+  // Row sums over the group's warps (all used the same running maxima).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+  }
+  __syncthreads();  // s_red's last readers (the final tile's maxima) are done
+  if ((lane & 3) == 0) {
+    s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2)] = l_run[0];
+    s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2) + 8] = l_run[1];
+  }
+  __syncthreads();
+
+  const bool to_partial = item.partial >= 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::kColSplit; ++c) l += s_red[(rg * C::kColSplit + c) * 16 + (lane >> 2) + 8 * i];
+    const int64_t grow = row0 + rg * 16 + (lane >> 2) + 8 * i;
+    if (grow >= rows || (to_partial && grow >= rows_cap)) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+    const int64_t t = grow / H, h = grow % H;
+    if (to_partial) {
+      float* dst = p.partial_o + (item.partial * rows_cap + grow) * kCkvDim + cs * C::kColsPerWarp + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      if (cs == 0 && (lane & 3) == 0) p.partial_lse[item.partial * rows_cap + grow] = lse;
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h +
+                      cs * C::kColsPerWarp + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<kBf16>(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      if (p.lse && cs == 0 && (lane & 3) == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
+    }
+  }
+}
+
+#endif  // MLACORE_GPU_CUDA
+
+// ---------------------------------------------------------------------------
+// Portable kernel: one block per (work item, query row). Plain loads and
+// shared-memory reductions only (no warp shuffles: HIP wavefronts are 64
+// wide), float32 throughout. Correct for every shape; not fast.
+
+template <bool kBf16>
+__device__ __forceinline__ float load_h(const uint16_t* p) {
+  return kBf16 ? bf16_to_float(*p) : f16_to_float(*p);
+}
+
+template <bool kBf16, class Idx>
+__global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const DecodeParams<Idx> p) {
+  constexpr int kTok = kDecodeTileTokens;
+  constexpr int kParts = kThreads / kTok;  // threads per token in the dot products
+  __shared__ float s_q[kQkDim];
+  __shared__ float s_part[kParts][kTok];
+  __shared__ float s_p[kTok];
+  __shared__ int64_t s_coff[kTok], s_koff[kTok];
+
+  const ItemView item = read_item(p, blockIdx.x);
+  if (!item.ok) return;
+  const int H = p.num_heads;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row = blockIdx.y;
+  if (row >= rows) return;
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  if (item.partial >= 0 && row >= rows_cap) return;
+  const int64_t t = row / H, h = row % H;
+  const int tid = threadIdx.x;
+
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+  const auto* ckv = static_cast<const uint16_t*>(p.ckv);
+  const auto* kpe = static_cast<const uint16_t*>(p.kpe);
+  for (int d = tid; d < kQkDim; d += kThreads)
+    s_q[d] = d < kCkvDim ? load_h<kBf16>(qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + d)
+                         : load_h<kBf16>(qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + d - kCkvDim);
+
+  int64_t page_begin = 0, page_end = 0;
+  if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;
+  int64_t limit = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
+  limit = limit < item.end ? limit : item.end;
+
+  float acc[kCkvDim / kThreads] = {};
+  float m_run = -INFINITY, l_run = 0.f;
+  for (int64_t start = item.begin; start < item.end; start += kTok) {
+    __syncthreads();  // the previous chunk's readers of s_coff / s_p are done
+    if (tid < kTok) {
+      const int64_t pos = start + tid;
+      int64_t page = -1;
+      if (pos < limit) {
+        const int64_t in_req = pos / p.pages.page_size;
+        if (in_req < page_end - page_begin) page = p.pages.page_at(page_begin + in_req);
+      }
+      const int64_t off = pos % p.pages.page_size;
+      s_coff[tid] = page < 0 ? -1 : page * p.ckv_stride_page + off * p.ckv_stride_tok;
+      s_koff[tid] = page < 0 ? -1 : page * p.kpe_stride_page + off * p.kpe_stride_tok;
+    }
+    __syncthreads();
+    {
+      const int tok = tid % kTok, part = tid / kTok;
+      constexpr int kSpan = kQkDim / kParts;
+      float dot = 0.f;
+      if (s_coff[tok] >= 0) {
+        for (int d = part * kSpan; d < (part + 1) * kSpan; ++d)
+          dot += s_q[d] * (d < kCkvDim ? load_h<kBf16>(ckv + s_coff[tok] + d) : load_h<kBf16>(kpe + s_koff[tok] + d - kCkvDim));
+      }
+      s_part[part][tok] = dot;
+    }
+    __syncthreads();
+    if (tid < kTok) {
+      float sc = 0.f;
+      for (int i = 0; i < kParts; ++i) sc += s_part[i][tid];
+      s_p[tid] = s_coff[tid] >= 0 ? sc * p.scale_log2 : -INFINITY;
+    }
+    __syncthreads();
+    float m_new = m_run;
+    for (int i = 0; i < kTok; ++i) m_new = fmaxf(m_new, s_p[i]);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = exp2f(m_run - m_use);
+    m_run = m_new;
+    l_run *= alpha;
+    for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] *= alpha;
+    for (int i = 0; i < kTok; ++i) {
+      if (s_coff[i] < 0) continue;
+      const float w = exp2f(s_p[i] - m_use);
+      l_run += w;
+      for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] += w * load_h<kBf16>(ckv + s_coff[i] + tid + k * kThreads);
+    }
+  }
+
+  const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
+  const float lse = l_run > 0.f ? m_run + log2f(l_run) : -INFINITY;
+  if (item.partial >= 0) {
+    float* dst = p.partial_o + (item.partial * rows_cap + row) * kCkvDim;
+    for (int k = 0; k < kCkvDim / kThreads; ++k) dst[tid + k * kThreads] = acc[k] * inv;
+    if (tid == 0) p.partial_lse[item.partial * rows_cap + row] = lse;
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
+    for (int k = 0; k < kCkvDim / kThreads; ++k)
+      dst[tid + k * kThreads] = kBf16 ? float_to_bf16(acc[k] * inv) : float_to_f16(acc[k] * inv);
+    if (p.lse && tid == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Combine: one 32-lane group per query row of a split request; each lane owns
+// 16 of the 512 columns as four float4 loads per partial (coalesced 512 B).
+// Requests without partials are left alone, except those with no KV, whose
+// zeros and -inf LSE are written here as well as by their (empty) work item,
+// so a schedule that gives them no item still produces defined output.
+constexpr int kCombineRows = kThreads / 32;
+
+template <bool kBf16, class Idx>
+__global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const DecodeParams<Idx> p) {
+  const int64_t b = blockIdx.x;
+  const int32_t* md = p.metadata;
+  int64_t batch = md[kHdrBatch];
+  batch = batch < p.batch ? batch : p.batch;
+  batch = batch < p.max_batch ? batch : p.max_batch;
+  if (b >= batch) return;
+  const int32_t* split = md + ScheduleLayout{p.max_batch, p.max_work}.split_indptr();
+  const int64_t first = split[b], last = split[b + 1];
+  const int64_t qo_begin = static_cast<int64_t>(p.qo_indptr[b * p.qo_indptr_stride]);
+  const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(b + 1) * p.qo_indptr_stride]);
+  const int64_t kv_len = static_cast<int64_t>(p.kv_len[b * p.kv_len_stride]);
+  if (qo_begin < 0 || qo_end < qo_begin || qo_end > p.total_q) return;
+  const int H = p.num_heads;
+  const int64_t rows = (qo_end - qo_begin) * H;
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kCombineRows + (threadIdx.x >> 5);
+  const bool merge = last > first;
+  if (row >= rows || (merge && row >= rows_cap) || (!merge && kv_len > 0)) return;
+
+  float acc[16] = {};
+  float mx = -INFINITY, wsum = 0.f;
+  if (merge) {
+    for (int64_t i = first; i < last; ++i)
+      if (i >= 0 && i < p.max_work) mx = fmaxf(mx, p.partial_lse[i * rows_cap + row]);
+    if (mx != -INFINITY) {
+      for (int64_t i = first; i < last; ++i) {
+        if (i < 0 || i >= p.max_work) continue;
+        const float w = exp2f(p.partial_lse[i * rows_cap + row] - mx);
+        wsum += w;
+        const float4* src = reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 v = src[lane + 32 * k];
+          acc[4 * k] += w * v.x;
+          acc[4 * k + 1] += w * v.y;
+          acc[4 * k + 2] += w * v.z;
+          acc[4 * k + 3] += w * v.w;
+        }
+      }
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int64_t t = row / H, h = row % H;
+  uint16_t* dst = static_cast<uint16_t*>(p.out) + (qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint16_t v[4];
+    for (int e = 0; e < 4; ++e) v[e] = kBf16 ? float_to_bf16(acc[4 * k + e] * inv) : float_to_f16(acc[4 * k + e] * inv);
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(v[0]) | (static_cast<uint32_t>(v[1]) << 16);
+    packed.y = static_cast<uint32_t>(v[2]) | (static_cast<uint32_t>(v[3]) << 16);
+    *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * k)) = packed;
+  }
+  if (p.lse && lane == 0)
+    p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = wsum > 0.f ? mx + log2f(wsum) : -INFINITY;
+}
+
+template <bool kBf16, class Idx>
+void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream) {
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
+  if (p.max_work > 0x7fffffff) runtime_error("mla_decode: max_work ", p.max_work, " exceeds the grid limit");
+#if defined(MLACORE_GPU_CUDA)
+  if (!portable) {
+    int smem_optin = 0;
+    gpu::check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device),
+               "cudaDeviceGetAttribute");
+    auto run = [&](auto kernel, int rows_per_cta, int smem) {
+      gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "cudaFuncSetAttribute(mla_decode_mma_kernel)");
+      const dim3 grid(static_cast<unsigned>(p.max_work), static_cast<unsigned>((rows_cap + rows_per_cta - 1) / rows_per_cta));
+      kernel<<<grid, kThreads, smem, stream>>>(p);
+      gpu::check_launch("mla_decode_mma_kernel");
+    };
+    // Up to 16 query rows per request (heads=16 decode): one 16-row group, so
+    // the MMAs do no padding work. Else 64-row tiles.
+    if (rows_cap <= 16 && MmaConfig<1>::kSmem <= smem_optin) {
+      run(mla_decode_mma_kernel<kBf16, 1, Idx>, 16, MmaConfig<1>::kSmem);
+    } else if (rows_cap > 16 && MmaConfig<4>::kSmem <= smem_optin) {
+      run(mla_decode_mma_kernel<kBf16, 4, Idx>, 64, MmaConfig<4>::kSmem);
+    } else {
+      portable = true;  // GPUs with less shared memory per block than an H100 (A100: 163 KB)
+    }
+  }
+#else
+  portable = true;
+#endif
+  if (portable) {
+    if (rows_cap > 65535) runtime_error("mla_decode: ", rows_cap, " query rows exceed the portable kernel's grid");
+    const dim3 grid(static_cast<unsigned>(p.max_work), static_cast<unsigned>(rows_cap));
+    mla_decode_portable_kernel<kBf16, Idx><<<grid, kThreads, 0, stream>>>(p);
+    gpu::check_launch("mla_decode_portable_kernel");
+  }
+  const int64_t batch = p.batch < p.max_batch ? p.batch : p.max_batch;
+  if (batch > 0) {
+    const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>((rows_cap + kCombineRows - 1) / kCombineRows));
+    mla_decode_combine_kernel<kBf16, Idx><<<grid, kThreads, 0, stream>>>(p);
+    gpu::check_launch("mla_decode_combine_kernel");
+  }
+}
+
+}  // namespace
+
+template <class Idx>
+void launch_mla_decode(const DecodeParams<Idx>& p, DecodeDType dtype, bool portable, void* stream) {
+  gpu::DeviceGuard guard(p.device);
+  if (dtype == DecodeDType::BF16) launch_typed<true>(p, portable, gpu::as_stream(stream));
+  else launch_typed<false>(p, portable, gpu::as_stream(stream));
+}
+
+template void launch_mla_decode<int32_t>(const DecodeParams<int32_t>&, DecodeDType, bool, void*);
+template void launch_mla_decode<int64_t>(const DecodeParams<int64_t>&, DecodeDType, bool, void*);
+
+}  // namespace mlacore

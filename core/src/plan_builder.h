@@ -1,0 +1,388 @@
+// Plan metadata: the decode schedule of decode_schedule.h, built from
+// qo_indptr, kv_indptr (page indptr) and kv_len_arr.
+//
+// Entry point for C++ code (the decode CPU path and its tests):
+//   mlacore::build_schedule_host(qo_indptr, kv_indptr, kv_len_arr, batch, page_size, num_heads,
+//                                num_sms, ScheduleLayout{max_batch, max_work}, meta)
+// takes three contiguous host int32 arrays (batch+1, batch+1, batch), validates them (throws
+// CoreError/ValueError naming the request) and writes the whole ScheduleLayout::total() int32
+// buffer `meta`: header, kv_last_page_len, split_indptr, work items, padding. max_work must be
+// >= max_batch; default_max_work(max_batch, num_sms) is always enough. The schedule itself is
+// the template build_schedule() below, written once for every executor: the host runs it with
+// one "thread" (SerialExec), the device-only kernel (plan_builder.cu) with a block of threads,
+// and both give bit-identical metadata because every step is integer arithmetic whose result
+// does not depend on how the requests were spread over threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "decode_schedule.h"
+#include "tensor.h"
+
+#ifndef MLACORE_HD
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MLACORE_HD __host__ __device__ __forceinline__
+#else
+#define MLACORE_HD inline
+#endif
+#endif
+
+namespace mlacore {
+
+// Header kHdrError bits. Only the device-only path can see them set (the
+// host path raises ValueError instead); an affected request gets no work
+// items, kv_last_page_len 0 and no partials, so the kernels never touch it.
+enum PlanError : int32_t {
+  kPlanErrorIndptrStart = 1,  // qo_indptr[0] or kv_indptr[0] != 0: no request gets work
+  kPlanErrorIndptr = 2,       // a request whose qo or kv indptr decreases or leaves int32
+  kPlanErrorKvLen = 4,        // kv_len < 0, > INT32_MAX, or ceil(kv_len/page_size) != its pages
+};
+
+// Per request a fixed cost charged on top of its KV tiles when balancing, in
+// tiles of kDecodeTileTokens (FlashMLA charges 5 blocks of 64 tokens): loading
+// the query tile, writing output or partial, its share of the combine.
+constexpr int64_t kPlanFixedCostTiles = 5;
+// Chunk sizes tried around the balanced one (see choose_chunk_tiles).
+constexpr int kPlanCandidates = 5;
+
+// Work items that suffice for any batch of max_batch requests: the chosen
+// chunk is never below ceil(sum kv_tiles / num_sms), so splitting adds fewer
+// than num_sms items on top of one per request.
+constexpr int64_t default_max_work(int64_t max_batch, int64_t num_sms) {
+  return max_batch + (num_sms > 0 ? num_sms : 1);
+}
+
+// A 1-D int32 or int64 index vector read with a stride; the width is a
+// runtime flag so one kernel instantiation serves every dtype mix.
+struct IndexView {
+  const void* data = nullptr;
+  int64_t stride = 1;
+  bool is64 = false;
+
+  MLACORE_HD int64_t operator[](int64_t i) const {
+    return is64 ? static_cast<const int64_t*>(data)[i * stride]
+                : static_cast<int64_t>(static_cast<const int32_t*>(data)[i * stride]);
+  }
+};
+
+struct ScheduleInputs {
+  IndexView qo_indptr;  // batch + 1
+  IndexView kv_indptr;  // batch + 1, in pages
+  IndexView kv_len;     // batch, in tokens
+  int64_t batch = 0;
+  int64_t page_size = 1;
+  int64_t num_heads = 1;
+  int64_t num_sms = 1;
+};
+
+// What one request contributes; error != 0 means it is skipped.
+struct RequestShape {
+  int64_t qo_len = 0;
+  int64_t kv_len = 0;
+  int64_t q_tiles = 0;   // CTAs (grid y) it keeps busy per work item, at least 1
+  int64_t kv_tiles = 0;
+  int64_t last_page_len = 0;
+  int32_t error = 0;
+};
+
+MLACORE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+MLACORE_HD RequestShape request_shape(const ScheduleInputs& in, int64_t b, bool starts_ok) {
+  RequestShape r;
+  if (!starts_ok) {
+    r.error = kPlanErrorIndptrStart;
+    return r;
+  }
+  const int64_t q0 = in.qo_indptr[b], q1 = in.qo_indptr[b + 1];
+  const int64_t p0 = in.kv_indptr[b], p1 = in.kv_indptr[b + 1];
+  const int64_t len = in.kv_len[b];
+  constexpr int64_t kMax32 = 2147483647;
+  if (q0 < 0 || q1 < q0 || q1 > kMax32 || p0 < 0 || p1 < p0 || p1 > kMax32) {
+    r.error = kPlanErrorIndptr;
+    return r;
+  }
+  if (len < 0 || len > kMax32 || ceil_div(len, in.page_size) != p1 - p0) {
+    r.error = kPlanErrorKvLen;
+    return r;
+  }
+  r.qo_len = q1 - q0;
+  r.kv_len = len;
+  const int64_t q_tiles = ceil_div(r.qo_len * in.num_heads, kDecodeTileRows);
+  r.q_tiles = q_tiles > 0 ? q_tiles : 1;
+  r.kv_tiles = ceil_div(len, kDecodeTileTokens);
+  r.last_page_len = len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size;
+  return r;
+}
+
+// Work items of a request for a chunk of `chunk_tiles` tiles: an empty request
+// still gets one (the kernel writes zeros and -inf LSE), a skipped one none.
+MLACORE_HD int64_t splits_of(const RequestShape& r, int64_t chunk_tiles) {
+  if (r.error != 0) return 0;
+  return r.kv_tiles == 0 ? 1 : ceil_div(r.kv_tiles, chunk_tiles);
+}
+
+// Reductions over requests. Every field merges with an associative and
+// commutative integer operation, so the result does not depend on the order.
+struct ScheduleTotals {
+  int64_t cost = 0;       // sum of q_tiles * (kv_tiles + fixed cost)
+  int64_t kv_tiles = 0;   // sum of kv_tiles
+  int64_t valid = 0;      // requests that get work
+  int64_t max_kv_tiles = 0;
+  int64_t max_qo_len = 0;
+  int64_t max_kv_len = 0;
+  int64_t error = 0;      // OR of PlanError bits
+
+  MLACORE_HD void add(const RequestShape& r) {
+    if (r.error != 0) {
+      error |= r.error;
+      return;
+    }
+    cost += r.q_tiles * (r.kv_tiles + kPlanFixedCostTiles);
+    kv_tiles += r.kv_tiles;
+    valid += 1;
+    if (r.kv_tiles > max_kv_tiles) max_kv_tiles = r.kv_tiles;
+    if (r.qo_len > max_qo_len) max_qo_len = r.qo_len;
+    if (r.kv_len > max_kv_len) max_kv_len = r.kv_len;
+  }
+  MLACORE_HD void merge(const ScheduleTotals& o) {
+    cost += o.cost;
+    kv_tiles += o.kv_tiles;
+    valid += o.valid;
+    if (o.max_kv_tiles > max_kv_tiles) max_kv_tiles = o.max_kv_tiles;
+    if (o.max_qo_len > max_qo_len) max_qo_len = o.max_qo_len;
+    if (o.max_kv_len > max_kv_len) max_kv_len = o.max_kv_len;
+    error |= o.error;
+  }
+};
+
+// CTAs (work items x query tiles) each candidate chunk would launch.
+struct CandidateCtas {
+  int64_t ctas[kPlanCandidates] = {};
+  MLACORE_HD void merge(const CandidateCtas& o) {
+    for (int i = 0; i < kPlanCandidates; ++i) ctas[i] += o.ctas[i];
+  }
+};
+
+// The smallest chunk (in tiles) the balance and the capacity allow.
+// Balance (FlashMLA): the work of the whole batch, fixed costs included,
+// spread over num_sms CTAs gives each ceil(cost / num_sms) tiles. Capacity:
+// splitting request b into ceil(kv_tiles_b / c) < kv_tiles_b / c + 1 items
+// stays within max_work when c >= sum kv_tiles / (max_work - valid).
+MLACORE_HD int64_t min_chunk_tiles(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  int64_t c = ceil_div(t.cost, num_sms);
+  if (c < 1) c = 1;
+  const int64_t spare = max_work - t.valid;
+  if (spare <= 0) return no_split;
+  const int64_t c_cap = ceil_div(t.kv_tiles, spare);
+  if (c_cap > c) c = c_cap;
+  return c < no_split ? c : no_split;
+}
+
+// Candidate i: c_min grown by i quarters, the last one "no split at all".
+MLACORE_HD int64_t candidate_tiles(int i, int64_t c_min, int64_t no_split) {
+  const int64_t c = i == kPlanCandidates - 1 ? no_split : c_min + ceil_div(c_min * i, 4);
+  return c < no_split ? c : no_split;
+}
+
+// Picks the candidate with the shortest modelled time: waves of num_sms CTAs
+// (AITER's occupancy term: a wave that is mostly empty costs as much as a
+// full one) times the per-CTA time, chunk + fixed cost (AITER's split
+// overhead term). Ties go to the larger chunk: fewer partials to merge.
+MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, int64_t c_min, int64_t no_split, int64_t num_sms) {
+  int64_t best = no_split, best_time = -1;
+  for (int i = kPlanCandidates - 1; i >= 0; --i) {
+    const int64_t c = candidate_tiles(i, c_min, no_split);
+    const int64_t time = ceil_div(cand.ctas[i], num_sms) * (c + kPlanFixedCostTiles);
+    if (best_time < 0 || time < best_time || (time == best_time && c > best)) {
+      best = c;
+      best_time = time;
+    }
+  }
+  return best;
+}
+
+// One host "thread": every collective is the identity.
+struct SerialExec {
+  MLACORE_HD int64_t tid() const { return 0; }
+  MLACORE_HD int64_t nthreads() const { return 1; }
+  MLACORE_HD void sync() const {}
+  template <class T>
+  MLACORE_HD T reduce(const T& v) const { return v; }
+  MLACORE_HD int64_t exclusive_scan(int64_t v, int64_t& total) const {
+    total = v;
+    return 0;
+  }
+};
+
+// The schedule. Exec supplies tid(), nthreads(), sync(), reduce(T) (merge
+// over all threads, result on every thread) and exclusive_scan(v, total).
+// Requests are visited in rounds of nthreads so the prefix sums that place
+// each request's work items carry from round to round. Writes every int32 of
+// ScheduleLayout::total(), so stale contents never leak into a plan.
+template <class Exec>
+MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               int32_t* meta) {
+  const int64_t B = in.batch;
+  const int64_t tid = ex.tid(), nth = ex.nthreads();
+  const bool starts_ok = B >= 0 && in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0;
+
+  ScheduleTotals local;
+  for (int64_t b = tid; b < B; b += nth) local.add(request_shape(in, b, starts_ok));
+  const ScheduleTotals t = ex.reduce(local);
+
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t c_min = min_chunk_tiles(t, in.num_sms, layout.max_work);
+  int64_t chunk = no_split;
+  if (c_min < no_split) {
+    CandidateCtas cand;
+    for (int64_t b = tid; b < B; b += nth) {
+      const RequestShape r = request_shape(in, b, starts_ok);
+      for (int i = 0; i < kPlanCandidates; ++i)
+        cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, c_min, no_split));
+    }
+    chunk = pick_chunk_tiles(ex.reduce(cand), c_min, no_split, in.num_sms);
+  }
+  const int64_t chunk_tokens = chunk * kDecodeTileTokens;
+
+  int32_t* last_page_len = meta + layout.last_page_len();
+  int32_t* split_indptr = meta + layout.split_indptr();
+  WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
+
+  // Items in the low 32 bits, partials in the high ones: both total at most
+  // max_work < 2^31, so one scan places both without carries between them.
+  int64_t carry = 0;
+  for (int64_t base = 0; base < B; base += nth) {
+    const int64_t b = base + tid;
+    RequestShape r;
+    r.error = kPlanErrorIndptrStart;
+    int64_t n = 0;
+    if (b < B) {
+      r = request_shape(in, b, starts_ok);
+      n = splits_of(r, chunk);
+    }
+    const int64_t packed = n + ((n > 1 ? n : 0) << 32);
+    int64_t round_total = 0;
+    const int64_t offset = carry + ex.exclusive_scan(packed, round_total);
+    carry += round_total;
+    if (b >= B) continue;
+    const int64_t first_item = offset & 0xffffffffLL, first_partial = offset >> 32;
+    last_page_len[b] = static_cast<int32_t>(r.last_page_len);
+    split_indptr[b] = static_cast<int32_t>(first_partial);
+    // min_chunk_tiles() keeps the items within max_work; the bound below only
+    // makes a broken invariant lose work instead of writing past the buffer.
+    for (int64_t i = 0; i < n && first_item + i < layout.max_work; ++i) {
+      const int64_t begin = i * chunk_tokens;
+      const int64_t end = begin + chunk_tokens < r.kv_len ? begin + chunk_tokens : r.kv_len;
+      WorkItem& w = work[first_item + i];
+      w.request = static_cast<int32_t>(b);
+      w.kv_begin = static_cast<int32_t>(begin);
+      w.kv_end = static_cast<int32_t>(end);
+      w.partial = n > 1 ? static_cast<int32_t>(first_partial + i) : -1;
+    }
+  }
+  const int64_t num_work = carry & 0xffffffffLL, num_partials = carry >> 32;
+
+  for (int64_t b = B + tid; b < layout.max_batch; b += nth) last_page_len[b] = 0;
+  for (int64_t b = B + tid; b <= layout.max_batch; b += nth) split_indptr[b] = static_cast<int32_t>(num_partials);
+  for (int64_t i = layout.split_indptr() + layout.max_batch + 1 + tid; i < layout.work(); i += nth) meta[i] = 0;
+  for (int64_t i = num_work + tid; i < layout.max_work; i += nth) work[i] = WorkItem{-1, 0, 0, -1};
+  if (tid == 0) {
+    meta[kHdrNumWork] = static_cast<int32_t>(num_work);
+    meta[kHdrNumPartials] = static_cast<int32_t>(num_partials);
+    meta[kHdrBatch] = static_cast<int32_t>(B);
+    meta[kHdrMaxQoLen] = static_cast<int32_t>(t.max_qo_len);
+    meta[kHdrMaxKvLen] = static_cast<int32_t>(t.max_kv_len);
+    meta[kHdrChunkTokens] = static_cast<int32_t>(chunk_tokens);
+    meta[kHdrTotalQo] = starts_ok && (t.error & kPlanErrorIndptr) == 0 ? static_cast<int32_t>(in.qo_indptr[B]) : 0;
+    meta[kHdrError] = static_cast<int32_t>(t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
+  }
+  ex.sync();
+}
+
+// Host values of the three inputs (contiguous int32), validated: throws a
+// ValueError naming the argument and the request. Then the schedule into
+// `meta` (ScheduleLayout::total() int32). See the top of this file.
+void build_schedule_host(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_len_arr,
+                         int64_t batch, int64_t page_size, int64_t num_heads, int64_t num_sms,
+                         const ScheduleLayout& layout, int32_t* meta);
+
+// The same for inputs already described as ScheduleInputs (any width and stride).
+void validate_schedule_inputs(const ScheduleInputs& in, const ScheduleLayout& layout);
+void build_schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta);
+
+// ---- the plan object behind the C ABI (plan_builder.cpp) ----
+
+struct PlanInfo {
+  int32_t batch = 0, num_work = 0, num_partials = 0, max_qo_len = 0, max_kv_len = 0;
+  int32_t chunk_tokens = 0, total_qo = 0, error = 0;
+  bool on_host = false;  // false after build_device: the values live in the device header only
+};
+
+struct PlanStats {
+  int64_t pinned_allocations = 0;
+  int64_t device_to_host = 0;  // D2H copies issued
+  int64_t host_to_device = 0;
+  int64_t stream_syncs = 0;
+  int64_t device_builds = 0;   // schedules computed by the device kernel
+  const void* staging = nullptr;
+};
+
+#if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
+namespace plan_gpu {
+// Pinned staging owned by a plan, plus the event that guards it; defined in
+// plan_builder.cu so that only that file needs the GPU runtime headers.
+struct Staging;
+Staging* staging_create(int device, size_t bytes);
+void staging_destroy(Staging* s) noexcept;
+void* staging_host(Staging* s);
+int staging_device(const Staging* s);
+// Blocks until the previous upload from this staging buffer has finished.
+void staging_wait(Staging* s);
+// Raises when `stream` is capturing a CUDA graph: a host round trip cannot be captured.
+void refuse_capture(void* stream, const char* what);
+// Packs the three inputs (any width and stride) into `scratch` on the device,
+// copies `bytes` of it into the staging buffer at `host_offset`, and waits.
+void fetch_inputs(Staging* s, const ScheduleInputs& in, void* scratch, size_t off_kv, size_t off_len,
+                  size_t bytes, size_t host_offset, void* stream);
+// Copies `bytes` from the start of the staging buffer to `device_dst`, async.
+void upload(Staging* s, void* device_dst, size_t bytes, void* stream);
+// The device-only schedule: one block, no host involvement.
+void launch_build_schedule(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int device,
+                           void* stream);
+}  // namespace plan_gpu
+#endif
+
+class PlanBuilder {
+ public:
+  PlanBuilder(int64_t max_batch, int64_t max_work, int64_t num_sms);
+  ~PlanBuilder();
+  PlanBuilder(const PlanBuilder&) = delete;
+  PlanBuilder& operator=(const PlanBuilder&) = delete;
+
+  void build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
+             int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream);
+  void build_device(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
+                    int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream);
+
+  const ScheduleLayout& layout() const { return layout_; }
+  int64_t num_sms() const { return num_sms_; }
+  const PlanInfo& info() const { return info_; }
+  const PlanStats& stats() const { return stats_; }
+
+ private:
+  ScheduleInputs check_inputs(const Arg& qo, const Arg& kv, const Arg& len, const Arg& meta, int64_t page_size,
+                              int64_t num_heads) const;
+  void record_info(const int32_t* meta);
+
+  ScheduleLayout layout_;
+  int64_t num_sms_;
+  PlanInfo info_;
+  PlanStats stats_;
+#if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
+  plan_gpu::Staging* staging_ = nullptr;
+#endif
+};
+
+}  // namespace mlacore

@@ -1,0 +1,103 @@
+"""Appending new tokens' KV rows into a paged cache (FlashInfer-compatible).
+
+Token i goes to request batch_indices[i] at absolute position positions[i]:
+page kv_indices[kv_indptr[b] + pos // page_size], offset pos % page_size.
+The caches are written in place through their strides, so the two halves of
+one [P, S, 576] buffer, a layer of [L, P, S, 576], HND and NHD caches are all
+valid targets. A token whose batch index, position or page id is out of range
+writes nothing. Nothing synchronizes (except strict mode) and nothing is
+allocated, so both appends can be captured in a CUDA graph; they run on the
+current stream.
+"""
+
+from typing import Optional
+
+import torch
+
+from . import _mlacore
+
+# Bound once: the eager path is a Python call, one check and the binding.
+_is_compiling = torch.compiler.is_compiling
+_mla = _mlacore.append_paged_mla_kv_cache
+_kv = _mlacore.append_paged_kv_cache
+
+
+@torch.library.custom_op("mlacore::append_paged_mla_kv_cache", mutates_args=("ckv_cache", "kpe_cache"))
+def _mla_op(append_ckv: torch.Tensor, append_kpe: torch.Tensor, batch_indices: torch.Tensor,
+            positions: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, kv_indices: torch.Tensor,
+            kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, backend: str, strict: bool) -> None:
+    _mla(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices, kv_indptr,
+         kv_last_page_len, backend, strict)
+
+
+@_mla_op.register_fake
+def _(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices, kv_indptr,
+      kv_last_page_len, backend, strict):
+    return None
+
+
+@torch.library.custom_op("mlacore::append_paged_kv_cache", mutates_args=("k_cache", "v_cache"))
+def _kv_op(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
+           positions: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], kv_indices: torch.Tensor,
+           kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, kv_layout: str, backend: str,
+           strict: bool) -> None:
+    _kv(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+        kv_last_page_len, kv_layout, backend, strict)
+
+
+@_kv_op.register_fake
+def _(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+      kv_last_page_len, kv_layout, backend, strict):
+    return None
+
+
+def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor, batch_indices: torch.Tensor,
+                              positions: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
+                              kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
+                              backend: str = "auto", strict: bool = False) -> None:
+    """Writes append_ckv [nnz, 512] and append_kpe [nnz, 64] into ckv_cache [P, S, 512] and
+    kpe_cache [P, S, 64] (any dims that match; bfloat16, float16 or float32, the
+    sources' dtype equal to the caches').
+
+    batch_indices, positions [nnz], kv_indices, kv_indptr [batch+1] and
+    kv_last_page_len [batch] are int32 or int64 on the caches' device
+    (kv_last_page_len is checked by shape only). Sources may be strided on dim 0.
+    backend: "auto" | "native" | "aiter" (see mlacore.backends()).
+    strict (or MLACORE_STRICT=1): synchronize, check every token first and raise
+    ValueError naming the first one that cannot be written, writing nothing.
+    """
+    if _is_compiling():
+        return _mla_op(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices,
+                       kv_indptr, kv_last_page_len, backend, strict)
+    _mla(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices, kv_indptr,
+         kv_last_page_len, backend, strict)
+
+
+def _split_cache(paged_kv_cache):
+    if isinstance(paged_kv_cache, torch.Tensor):
+        return paged_kv_cache, None
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"paged_kv_cache: expected a (k_cache, v_cache) pair, got {len(paged_kv_cache)} items")
+        return paged_kv_cache[0], paged_kv_cache[1]
+    raise TypeError("paged_kv_cache: expected a (k_cache, v_cache) tuple or one 5-D tensor, "
+                    f"got {type(paged_kv_cache).__name__}")
+
+
+def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
+                          positions: torch.Tensor, paged_kv_cache, kv_indices: torch.Tensor,
+                          kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, kv_layout: str = "NHD",
+                          backend: str = "auto", strict: bool = False) -> None:
+    """Writes append_key and append_value [nnz, H, D] into a paged K/V cache.
+
+    paged_kv_cache: a (k_cache, v_cache) tuple of 4-D tensors ([P, S, H, D] for
+    kv_layout="NHD", [P, H, S, D] for "HND") or one 5-D tensor ([P, 2, S, H, D]
+    or [P, 2, H, S, D], K at index 0). Other arguments as in
+    append_paged_mla_kv_cache.
+    """
+    k_cache, v_cache = _split_cache(paged_kv_cache)
+    if _is_compiling():
+        return _kv_op(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+                      kv_last_page_len, kv_layout, backend, strict)
+    _kv(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+        kv_last_page_len, kv_layout, backend, strict)

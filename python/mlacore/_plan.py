@@ -1,0 +1,134 @@
+"""Plan metadata for MLA decode: `MlaPlan` builds the schedule the decode kernels read."""
+
+import os
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _mlacore
+
+# Mirrors of core/src/decode_schedule.h: header slots and the tile sizes.
+HEADER_FIELDS = ("num_work", "num_partials", "batch", "max_qo_len", "max_kv_len", "chunk_tokens", "total_qo", "error")
+DECODE_TILE_TOKENS = 64
+DECODE_TILE_ROWS = 64
+
+# Header error bits (device-only builds; host builds raise ValueError instead).
+PLAN_ERROR_INDPTR_START = 1
+PLAN_ERROR_INDPTR = 2
+PLAN_ERROR_KV_LEN = 4
+
+
+class PlanInfo(NamedTuple):
+    """Summary of a built schedule (the metadata header)."""
+
+    batch: int
+    num_work: int  # work items in use; the other max_work - num_work are padding (request -1)
+    num_partials: int  # fp32 partial outputs the combine merges
+    max_qo_len: int
+    max_kv_len: int
+    chunk_tokens: int  # KV tokens per split, a multiple of 64
+    total_qo: int  # qo_indptr[batch]
+    error: int  # PLAN_ERROR_* bits, 0 unless build_device met invalid inputs
+
+
+def plan_metadata_size(max_batch: int, max_work: int) -> int:
+    """int32 elements of the metadata tensor for a capacity of max_batch requests and max_work items."""
+    return _mlacore.plan_metadata_size(max_batch, max_work)
+
+
+def default_max_work(max_batch: int, num_sms: int) -> int:
+    """Work items that suffice for any batch of up to max_batch requests on num_sms SMs/CUs."""
+    return _mlacore.plan_default_max_work(max_batch, num_sms)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return os.cpu_count() or 1
+
+
+class MlaPlan:
+    """The decode schedule for one device and a fixed capacity.
+
+    `MlaPlan(device, max_batch, max_work=None, num_sms=None)` allocates
+    `.metadata`, an int32 tensor on `device` laid out as in
+    core/src/decode_schedule.h (header, kv_last_page_len, split_indptr, work
+    items), once. Each build rewrites it in place, so its address is stable
+    (CUDA graphs can capture kernels that read it).
+
+    - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: the host
+      computes the schedule. CPU inputs cost no round trip; GPU inputs cost one
+      D2H copy (through a pinned buffer owned by the plan) and one stream
+      synchronization. Invalid inputs raise ValueError naming the argument and
+      the request. Not allowed during CUDA-graph capture. After a failed build
+      `.metadata` is unspecified.
+    - `build_device(...)`: the same schedule, bit for bit, computed by one kernel
+      on the current stream: no synchronization, capturable in a CUDA graph.
+      Values are not checked on the host: an invalid request gets no work, and
+      `info.error` (read from the device) carries PLAN_ERROR_* bits.
+
+    Inputs are 1-D int32 or int64 tensors: qo_indptr [B+1] (query tokens),
+    kv_indptr [B+1] (pages), kv_len_arr [B] (tokens), B <= max_batch, all on one
+    device. num_sms (default: the device's SM/CU count, os.cpu_count() on the
+    CPU) shapes the split; max_work defaults to a count no batch can exceed.
+    The decode grid is (max_work, ceil(max_qo_len * num_heads / 64)).
+    """
+
+    def __init__(self, device, max_batch: int, max_work: Optional[int] = None, num_sms: Optional[int] = None):
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_sms = int(num_sms) if num_sms is not None else _sm_count(self.device)
+        if max_work is None:
+            max_work = default_max_work(max_batch, self.num_sms)
+        self._plan = _mlacore.Plan(max_batch, max_work, self.num_sms)
+        self.max_batch, self.max_work, _ = self._plan.capacity()
+        self._offsets = _mlacore.plan_layout(self.max_batch, self.max_work)
+        self.metadata = torch.zeros(plan_metadata_size(self.max_batch, self.max_work), dtype=torch.int32,
+                                    device=self.device)
+
+    def build(self, qo_indptr, kv_indptr, kv_len_arr, page_size: int, num_heads: int) -> torch.Tensor:
+        """Plans a batch on the host; returns `.metadata`."""
+        self._plan.build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.metadata)
+        return self.metadata
+
+    def build_device(self, qo_indptr, kv_indptr, kv_len_arr, page_size: int, num_heads: int) -> torch.Tensor:
+        """Plans a batch with a kernel on the current stream (no sync, CUDA-graph safe); returns `.metadata`."""
+        self._plan.build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.metadata)
+        return self.metadata
+
+    @property
+    def info(self) -> PlanInfo:
+        """The last build's summary. After build_device it is read from the device header (a sync)."""
+        i = self._plan.info()
+        if not i["on_host"]:
+            header = self.metadata[: len(HEADER_FIELDS)].tolist()
+            i = dict(zip(HEADER_FIELDS, header))
+        return PlanInfo(**{k: i[k] for k in PlanInfo._fields})
+
+    @property
+    def stats(self) -> dict:
+        """Counters of what the builds did: pinned allocations, D2H/H2D copies, syncs, staging address."""
+        return self._plan.stats()
+
+    @property
+    def kv_last_page_len(self) -> torch.Tensor:
+        """View of kv_last_page_len [max_batch]; entries past the batch are 0."""
+        start = self._offsets[1]
+        return self.metadata[start : start + self.max_batch]
+
+    @property
+    def split_indptr(self) -> torch.Tensor:
+        """View of split_indptr [max_batch + 1]: request b's partials are [split_indptr[b], split_indptr[b+1])."""
+        start = self._offsets[2]
+        return self.metadata[start : start + self.max_batch + 1]
+
+    @property
+    def work_items(self) -> torch.Tensor:
+        """View of the work items [max_work, 4]: (request, kv_begin, kv_end, partial); request -1 is padding."""
+        start = self._offsets[3]
+        return self.metadata[start : start + 4 * self.max_work].view(self.max_work, 4)
+
+    def __repr__(self):
+        return (f"MlaPlan(device={self.device}, max_batch={self.max_batch}, max_work={self.max_work}, "
+                f"num_sms={self.num_sms})")

@@ -1,0 +1,457 @@
+"""MLA decode (BatchMLAPagedAttentionWrapper) against a float64 torch reference.
+
+The CPU path runs the planned schedule exactly as the GPU does (work items,
+fp32 partials, LSE combine), so these tests check the schedule too. GPU tests
+run the tensor-core kernel and the portable kernel at small and benchmark shapes.
+"""
+
+import math
+
+import pytest
+import torch
+
+import mlacore
+from mlacore import _decode, _mlacore
+
+from conftest import requires_cuda
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+# --- inputs and the reference ---------------------------------------------
+
+def make_batch(kv_lens, qo_lens, page_size, heads, dtype, device, *, separate=False, extra_pages=3, seed=0,
+               scramble=True):
+    """Random q, a paged cache with shuffled pages, and FlashInfer-style index tensors."""
+    g = torch.Generator().manual_seed(seed)
+    pages_per = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(pages_per) + extra_pages
+    perm = torch.randperm(num_pages, generator=g) if scramble else torch.arange(num_pages)
+    kv_indices = perm[: sum(pages_per)].to(torch.int32)
+    kv_indptr = torch.tensor([0] + list(torch.tensor(pages_per).cumsum(0).tolist()), dtype=torch.int32)
+    qo_indptr = torch.tensor([0] + list(torch.tensor(qo_lens).cumsum(0).tolist()), dtype=torch.int32)
+    kv_len = torch.tensor(kv_lens, dtype=torch.int32)
+    total_q = int(qo_indptr[-1])
+    q_nope = torch.randn(total_q, heads, 512, generator=g).to(dtype)
+    q_pe = torch.randn(total_q, heads, 64, generator=g).to(dtype)
+    buf = (torch.randn(num_pages, page_size, 576, generator=g) * 0.5).to(dtype)
+    if separate:
+        ckv, kpe = buf[..., :512].contiguous(), buf[..., 512:].contiguous()
+    else:
+        ckv, kpe = torch.split(buf, [512, 64], dim=-1)
+    to = lambda t: t.to(device)
+    return dict(q_nope=to(q_nope), q_pe=to(q_pe), ckv=to(ckv), kpe=to(kpe), qo_indptr=to(qo_indptr),
+                kv_indptr=to(kv_indptr), kv_indices=to(kv_indices), kv_len=to(kv_len), page_size=page_size,
+                heads=heads, dtype=dtype)
+
+
+def reference(d, sm_scale, causal):
+    """float64 attention over the gathered pages; masked tokens (bad page ids) excluded."""
+    qn, qp = d["q_nope"].double().cpu(), d["q_pe"].double().cpu()
+    ckv, kpe = d["ckv"].double().cpu(), d["kpe"].double().cpu()
+    qo, kvp, idx, lens = (d[k].cpu().long() for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len"))
+    P, S = ckv.shape[0], ckv.shape[1]
+    total_q, H = qn.shape[0], qn.shape[1]
+    out = torch.zeros(total_q, H, 512, dtype=torch.float64)
+    lse = torch.full((total_q, H), -math.inf, dtype=torch.float64)
+    for b in range(len(lens)):
+        L, q0, q1 = int(lens[b]), int(qo[b]), int(qo[b + 1])
+        if L <= 0 or q1 <= q0:
+            continue
+        pages = idx[kvp[b]: kvp[b + 1]]
+        pos = torch.arange(L)
+        page = pages[pos // S]
+        valid = (page >= 0) & (page < P)
+        page = page.clamp(0, P - 1)
+        kc = ckv[page, pos % S]
+        kp = kpe[page, pos % S]
+        for t in range(q1 - q0):
+            s = (qn[q0 + t] @ kc.T + qp[q0 + t] @ kp.T) * sm_scale  # [H, L]
+            mask = valid.clone()
+            if causal:
+                mask &= pos < L - (q1 - q0) + t + 1
+            s = s.masked_fill(~mask, -math.inf)
+            if not mask.any():
+                continue
+            lse[q0 + t] = torch.logsumexp(s, dim=-1) * LOG2E
+            out[q0 + t] = torch.softmax(s, dim=-1) @ kc
+    return out, lse
+
+
+def run_wrapper(d, *, causal=True, sm_scale=None, backend="auto", return_lse=True, workspace_mb=64, out=None,
+                lse=None):
+    dev = d["q_nope"].device
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(192)
+    ws = torch.empty(workspace_mb << 20, dtype=torch.uint8, device=dev)
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], d["heads"], 512, 64, d["page_size"],
+           causal, sm_scale, d["dtype"], d["dtype"])
+    res = w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], out=out, lse=lse, return_lse=return_lse)
+    return res, sm_scale
+
+
+def check(d, out, lse, sm_scale, causal, *, atol=1.5e-2, lse_atol=2e-3, what=""):
+    ref_o, ref_lse = reference(d, sm_scale, causal)
+    got = out.double().cpu()
+    err = (got - ref_o).abs().max().item() if got.numel() else 0.0
+    tol = atol + 1e-2 * ref_o.abs().max().item()
+    assert err <= tol, f"{what}: max |out - ref| = {err:.3e} > {tol:.3e}"
+    if lse is not None:
+        gl = lse.double().cpu()
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(gl), fin), f"{what}: LSE finiteness differs: {gl[~fin]} vs -inf"
+        assert (gl[~fin] == -math.inf).all(), f"{what}: LSE of a request without KV must be -inf"
+        if fin.any():
+            lerr = (gl[fin] - ref_lse[fin]).abs().max().item()
+            assert lerr <= lse_atol, f"{what}: max |lse - ref| = {lerr:.3e} > {lse_atol}"
+    return err
+
+
+# --- CPU -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("heads,qo", [(1, 1), (16, 1), (16, 3), (128, 1), (4, 4)])
+def test_cpu_matches_reference(dtype, page_size, heads, qo):
+    kv_lens = [70, 1, 200] if heads < 128 else [70, 130]
+    d = make_batch(kv_lens, [qo] * len(kv_lens), page_size, heads, dtype, "cpu", seed=heads * 7 + qo)
+    (out, lse), scale = run_wrapper(d, causal=qo > 1)
+    check(d, out, lse, scale, qo > 1, what=f"h={heads} qo={qo} page={page_size} {dtype}")
+
+
+def test_cpu_ragged_batch_empty_requests_and_padding():
+    # Empty requests (kv 0), a padding entry (qo 0, kv 0) and mixed MTP lengths.
+    kv_lens = [0, 5, 130, 0, 64, 257, 0]
+    qo_lens = [1, 2, 1, 3, 4, 1, 0]
+    d = make_batch(kv_lens, qo_lens, 16, 8, torch.bfloat16, "cpu", seed=3)
+    (out, lse), scale = run_wrapper(d, causal=True)
+    check(d, out, lse, scale, True, what="ragged")
+    q = d["qo_indptr"]
+    for b in (0, 3):
+        rows = slice(int(q[b]), int(q[b + 1]))
+        assert torch.equal(out[rows], torch.zeros_like(out[rows])), f"request {b} without KV must give zeros"
+        assert (lse[rows] == -math.inf).all()
+
+
+def test_cpu_non_causal_mtp():
+    d = make_batch([40, 100], [3, 2], 16, 4, torch.bfloat16, "cpu", seed=5)
+    (out, lse), scale = run_wrapper(d, causal=False)
+    check(d, out, lse, scale, False, what="non-causal")
+    # Causal differs from non-causal for MTP rows, so the flag is really applied.
+    (out_c, _), _ = run_wrapper(d, causal=True)
+    assert not torch.equal(out, out_c)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cpu_adjacent_and_separate_caches_are_bitwise_equal(page_size):
+    a = make_batch([90, 33], [1, 2], page_size, 16, torch.bfloat16, "cpu", seed=11)
+    b = dict(a)
+    b["ckv"], b["kpe"] = a["ckv"].contiguous(), a["kpe"].contiguous()
+    assert b["ckv"].data_ptr() != a["ckv"].data_ptr()
+    (oa, la), _ = run_wrapper(a)
+    (ob, lb), _ = run_wrapper(b)
+    assert torch.equal(oa, ob) and torch.equal(la, lb)
+
+
+def forced_schedule_decode(d, chunk_tokens, causal=True, sm_scale=0.1, max_qo_len=None, extra_work=0):
+    md, max_batch, max_work, max_qo = _decode._host_schedule(
+        d["qo_indptr"].cpu(), d["kv_len"].cpu(), d["page_size"], d["heads"], chunk_tokens=chunk_tokens)
+    if extra_work:
+        # Same schedule with spare padding items: capacity larger than the use.
+        md, max_batch, max_work, max_qo = _decode._host_schedule(
+            d["qo_indptr"].cpu(), d["kv_len"].cpu(), d["page_size"], d["heads"], chunk_tokens=chunk_tokens,
+            max_work=max_work + extra_work)
+    max_qo = max_qo_len or max_qo
+    dev = d["q_nope"].device
+    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, d["heads"]), dtype=torch.uint8, device=dev)
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
+    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
+                        d["qo_indptr"], d["kv_len"], md.to(dev), ws, out, lse, max_batch, max_work, max_qo,
+                        d["page_size"], sm_scale, causal)
+    return out, lse, md
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 4096])
+def test_cpu_forced_splits_merge_by_lse(chunk):
+    d = make_batch([300, 64, 65, 0, 129], [1, 2, 1, 1, 3], 16, 4, torch.float16, "cpu", seed=13)
+    out, lse, md = forced_schedule_decode(d, chunk, extra_work=2)
+    if chunk == 64:
+        assert md[1] > 0, "chunk 64 must split the 300-token request into partials"
+    check(d, out, lse, 0.1, True, what=f"chunk={chunk}")
+
+
+def test_cpu_bad_page_ids_are_masked():
+    d = make_batch([40, 40], [1, 1], 8, 2, torch.bfloat16, "cpu", seed=17)
+    P = d["ckv"].shape[0]
+    idx = d["kv_indices"].clone()
+    idx[1] = -5       # request 0, tokens 8..15
+    idx[5 + 2] = P + 1000  # request 1, tokens 16..23
+    d["kv_indices"] = idx
+    out, lse, _ = forced_schedule_decode(d, 64)
+    check(d, out, lse, 0.1, True, what="bad page ids")
+    # Every page of a request bad: zeros and -inf LSE, no read anywhere.
+    idx2 = idx.clone()
+    idx2[5:10] = 1 << 30
+    d["kv_indices"] = idx2
+    out, lse, _ = forced_schedule_decode(d, 64)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and (lse[1] == -math.inf).all()
+
+
+def test_cpu_int64_indices_give_identical_results():
+    d = make_batch([77, 12], [2, 1], 16, 4, torch.bfloat16, "cpu", seed=19)
+    (o32, l32), _ = run_wrapper(d)
+    d64 = dict(d, **{k: d[k].long() for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len")})
+    (o64, l64), _ = run_wrapper(d64)
+    assert torch.equal(o32, o64) and torch.equal(l32, l64)
+
+
+def test_cpu_out_and_lse_given_are_written_in_place():
+    d = make_batch([50, 9], [1, 1], 1, 16, torch.bfloat16, "cpu", seed=23)
+    out = torch.full_like(d["q_nope"], 7.0)
+    lse = torch.full(d["q_nope"].shape[:2], 7.0)
+    (o, l), scale = run_wrapper(d, out=out, lse=lse)
+    assert o is out and l is lse
+    check(d, out, lse, scale, True, what="out= lse=")
+    # lse given without return_lse is still written; the return is the output alone.
+    lse2 = torch.zeros_like(lse)
+    o2, _ = run_wrapper(d, lse=lse2, return_lse=False)
+    assert isinstance(o2, torch.Tensor) and torch.equal(lse2, lse)
+
+
+def test_cpu_strided_q_and_out():
+    d = make_batch([60], [2], 16, 4, torch.bfloat16, "cpu", seed=29)
+    big = torch.randn(2, 4, 1024).to(torch.bfloat16)
+    big[..., :512] = d["q_nope"]
+    d["q_nope"] = big[..., :512]  # row stride 1024
+    out_big = torch.zeros(2, 8, 512, dtype=torch.bfloat16)
+    out = out_big[:, ::2]  # head stride 1024
+    (o, l), scale = run_wrapper(d, out=out)
+    check(d, o, l, scale, True, what="strided")
+    assert torch.equal(out_big[:, 1::2], torch.zeros_like(out_big[:, 1::2]))
+
+
+def test_cpu_torch_compile_traces_run():
+    d = make_batch([33, 70], [1, 1], 16, 16, torch.bfloat16, "cpu", seed=31)
+    ws = torch.empty(8 << 20, dtype=torch.uint8)
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+           torch.bfloat16, torch.bfloat16)
+
+    def f(qn, qp, ckv, kpe):
+        return w.run(qn, qp, ckv, kpe, return_lse=True)
+
+    eager = f(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"])
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"])
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_validation_errors_name_the_argument():
+    d = make_batch([20], [1], 16, 4, torch.bfloat16, "cpu")
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws)
+    args = (d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"])
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"])
+    with pytest.raises(ValueError, match="head_dim_ckv"):
+        w.plan(*args, 4, 256, 64, 16, True, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="num_heads"):
+        w.plan(*args, 129, 512, 64, 16, True, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="must match"):
+        w.plan(*args, 4, 512, 64, 16, True, 0.1, torch.bfloat16, torch.float16)
+    with pytest.raises(ValueError, match="kv_len_arr"):
+        w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"][:0], 4, 512, 64, 16, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="backend"):
+        mlacore.BatchMLAPagedAttentionWrapper(ws, backend="cutlass")
+
+    w.plan(*args, 4, 512, 64, 16, True, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="q_pe"):
+        w.run(d["q_nope"], d["q_pe"].half(), d["ckv"], d["kpe"])
+    with pytest.raises(ValueError, match="ckv_cache.*page_size"):
+        w.run(d["q_nope"], d["q_pe"], d["ckv"][:, :8], d["kpe"])
+    with pytest.raises(ValueError, match="kpe_cache"):
+        w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"][:-1])
+    with pytest.raises(ValueError, match="q_nope.*heads"):
+        w.run(d["q_nope"][:, :0], d["q_pe"][:, :0], d["ckv"], d["kpe"])
+    with pytest.raises(ValueError, match="out"):
+        w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], out=torch.empty(2, 4, 512, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="lse"):
+        w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], lse=torch.empty(1, 4, dtype=torch.float64), return_lse=True)
+    with pytest.raises(TypeError, match="q_nope"):
+        w.run(None, d["q_pe"], d["ckv"], d["kpe"])
+
+
+def test_workspace_too_small_says_how_many_bytes():
+    d = make_batch([300, 300], [2, 2], 16, 16, torch.bfloat16, "cpu")
+    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"], d["kv_len"], 16, 16, chunk_tokens=64)
+    need = _decode.workspace_bytes(mb, mw, mq, 16)
+    assert need == mw * mq * 16 * 513 * 4
+    ws = torch.empty(need - 1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=f"at least {need} bytes"):
+        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
+                            d["qo_indptr"], d["kv_len"], md, ws, torch.empty_like(d["q_nope"]), None, mb, mw, mq,
+                            16, 0.1, True)
+    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="float_workspace_buffer: expected at least"):
+        w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+
+
+def test_metadata_of_wrong_size_is_rejected():
+    d = make_batch([20], [1], 16, 4, torch.bfloat16, "cpu")
+    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"], d["kv_len"], 16, 4)
+    ws = torch.empty(1 << 20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="metadata"):
+        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
+                            d["qo_indptr"], d["kv_len"], md[:-4], ws, torch.empty_like(d["q_nope"]), None, mb, mw,
+                            mq, 16, 0.1, True)
+
+
+# --- GPU -------------------------------------------------------------------
+
+GPU_BACKENDS = ["native", "portable"]
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("heads,qo", [(1, 1), (16, 1), (16, 2), (32, 1), (128, 1), (128, 2), (16, 4)])
+def test_gpu_matches_reference(backend, dtype, page_size, heads, qo):
+    kv_lens = [1, 63, 64, 65, 700, 0, 2000]
+    d = make_batch(kv_lens, [qo] * len(kv_lens), page_size, heads, dtype, "cuda", seed=heads + qo + page_size)
+    (out, lse), scale = run_wrapper(d, causal=qo > 1, backend=backend)
+    torch.cuda.synchronize()
+    err = check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2,
+                what=f"{backend} h={heads} qo={qo} page={page_size} {dtype}")
+    print(f"{backend} h={heads} qo={qo} page={page_size} {dtype}: max err {err:.3e}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("chunk", [64, 192])
+@pytest.mark.parametrize("backend_portable", [False, True])
+def test_gpu_forced_splits_and_bad_pages(chunk, backend_portable):
+    d = make_batch([1000, 64, 65, 0, 129, 3], [1, 2, 1, 1, 3, 1], 16, 16, torch.bfloat16, "cuda", seed=41)
+    idx = d["kv_indices"].clone()
+    idx[3] = -1
+    idx[10] = 10 ** 6
+    d["kv_indices"] = idx
+    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 16, 16, chunk_tokens=chunk)
+    ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, 16), dtype=torch.uint8, device="cuda")
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
+    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
+                        d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, 16, 0.1, True, backend_portable)
+    torch.cuda.synchronize()
+    err = check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what=f"chunk={chunk} portable={backend_portable}")
+    print(f"forced chunk={chunk} portable={backend_portable}: max err {err:.3e}")
+
+
+BENCH_SHAPES = [(8, 32768, 16, 1), (8, 32768, 16, 64), (32, 8192, 16, 1), (32, 8192, 16, 64),
+                (32, 32768, 16, 64), (8, 4096, 128, 64), (32, 8192, 128, 1)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("batch,kv,heads,page_size", BENCH_SHAPES)
+def test_gpu_benchmark_shapes(batch, kv, heads, page_size):
+    d = make_batch([kv] * batch, [1] * batch, page_size, heads, torch.bfloat16, "cuda", seed=batch + heads)
+    (out, lse), scale = run_wrapper(d, causal=False, workspace_mb=256)
+    torch.cuda.synchronize()
+    # Reference on the GPU in float64, two requests (first and last) to keep it affordable.
+    for b in (0, batch - 1):
+        sub = slice_request(d, b)
+        ref_o, ref_lse = reference_gpu(sub, scale)
+        err = (out[b].double() - ref_o).abs().max().item()
+        lerr = (lse[b].double() - ref_lse).abs().max().item()
+        print(f"b={batch} kv={kv} h={heads} page={page_size} request {b}: max err {err:.3e}, lse err {lerr:.3e}")
+        assert err < 2e-2 and lerr < 2e-2, f"request {b}: out err {err:.3e}, lse err {lerr:.3e}"
+
+
+def slice_request(d, b):
+    kvp = d["kv_indptr"].cpu()
+    return dict(q_nope=d["q_nope"][b], q_pe=d["q_pe"][b], ckv=d["ckv"], kpe=d["kpe"],
+                pages=d["kv_indices"][int(kvp[b]): int(kvp[b + 1])].long(), L=int(d["kv_len"][b]))
+
+
+def reference_gpu(s, sm_scale):
+    S = s["ckv"].shape[1]
+    pos = torch.arange(s["L"], device="cuda")
+    page = s["pages"][pos // S]
+    kc = s["ckv"][page, pos % S].double()
+    kp = s["kpe"][page, pos % S].double()
+    sc = (s["q_nope"].double() @ kc.T + s["q_pe"].double() @ kp.T) * sm_scale
+    return torch.softmax(sc, -1) @ kc, torch.logsumexp(sc, -1) * LOG2E
+
+
+@requires_cuda
+@pytest.mark.parametrize("page_size,heads", [(1, 16), (64, 16), (64, 128)])
+def test_gpu_adjacent_and_separate_are_bitwise_equal(page_size, heads):
+    a = make_batch([3000, 17, 640], [1, 2, 1], page_size, heads, torch.bfloat16, "cuda", seed=43)
+    b = dict(a)
+    b["ckv"], b["kpe"] = a["ckv"].contiguous(), a["kpe"].contiguous()
+    (oa, la), _ = run_wrapper(a)
+    (ob, lb), _ = run_wrapper(b)
+    torch.cuda.synchronize()
+    assert torch.equal(oa, ob) and torch.equal(la, lb)
+
+
+@requires_cuda
+def test_gpu_cuda_graph_capture_and_replay_with_new_data():
+    d = make_batch([500, 2000, 31], [1, 1, 1], 64, 16, torch.bfloat16, "cuda", seed=47)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws, use_cuda_graph=True)
+    w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 64, False, 0.1,
+           torch.bfloat16, torch.bfloat16)
+    qn, qp = d["q_nope"].clone(), d["q_pe"].clone()
+    out = torch.empty_like(qn)
+    lse = torch.empty(qn.shape[:2], dtype=torch.float32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(qn, qp, d["ckv"], d["kpe"], out=out, lse=lse)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        w.run(qn, qp, d["ckv"], d["kpe"], out=out, lse=lse)
+    for seed in (1, 2):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        qn.copy_(torch.randn(qn.shape, generator=gen, device="cuda"))
+        qp.copy_(torch.randn(qp.shape, generator=gen, device="cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(dict(d, q_nope=qn, q_pe=qp), out, lse, 0.1, False, atol=2e-2, lse_atol=2e-2, what=f"graph replay {seed}")
+
+    # Replan inside the capacity (new lengths, no sync) and replay the same graph.
+    new_len = torch.tensor([700, 100, 1500], dtype=torch.int32, device="cuda")
+    pages = (new_len + 63) // 64
+    kv_indptr = torch.zeros(4, dtype=torch.int32, device="cuda")
+    kv_indptr[1:] = pages.cumsum(0)
+    d2 = dict(d, kv_len=new_len, kv_indptr=kv_indptr, kv_indices=d["kv_indices"][: int(pages.sum())].clone(),
+              q_nope=qn, q_pe=qp)
+    w.plan(d["qo_indptr"], kv_indptr, d2["kv_indices"], new_len, 16, 512, 64, 64, False, 0.1, torch.bfloat16,
+           torch.bfloat16)
+    # The graph captured the first plan's index tensors; FlashInfer semantics: replans
+    # under CUDA graphs copy into those buffers. Copy ours in place to match.
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        w.run(qn, qp, d["ckv"], d["kpe"], out=out, lse=lse)
+    g2.replay()
+    torch.cuda.synchronize()
+    check(d2, out, lse, 0.1, False, atol=2e-2, lse_atol=2e-2, what="graph after device replan")
+
+
+@requires_cuda
+def test_gpu_runs_on_the_current_side_stream():
+    d = make_batch([4000, 64], [1, 2], 16, 16, torch.bfloat16, "cuda", seed=53)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+           torch.bfloat16, torch.bfloat16)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # keeps the side stream busy: a launch on another stream would finish first
+        out, lse = w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], return_lse=True)
+    s.synchronize()
+    check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what="side stream")

@@ -1,0 +1,474 @@
+"""MlaPlan: the decode schedule against a pure-Python model of the algorithm,
+its invariants, errors, and on a GPU the single round trip, the device-only
+build and CUDA-graph replay."""
+
+import math
+import random
+import time
+
+import pytest
+import torch
+
+import mlacore
+from mlacore import _mlacore
+from mlacore._plan import PLAN_ERROR_INDPTR, PLAN_ERROR_INDPTR_START, PLAN_ERROR_KV_LEN
+
+from conftest import requires_cuda
+
+TILE = 64  # kDecodeTileTokens == kDecodeTileRows
+FIXED = 5  # kPlanFixedCostTiles
+NCAND = 5  # kPlanCandidates
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work):
+    """The schedule of plan_builder.h, written again from its description."""
+    B = len(kv_len)
+    shapes = []
+    for b in range(B):
+        qo_len, L = qo[b + 1] - qo[b], kv_len[b]
+        pages = kv[b + 1] - kv[b]
+        assert cdiv(L, page_size) == pages
+        shapes.append(dict(qo_len=qo_len, kv_len=L, q_tiles=max(cdiv(qo_len * num_heads, TILE), 1),
+                           kv_tiles=cdiv(L, TILE), last=0 if L == 0 else L - (pages - 1) * page_size))
+    cost = sum(s["q_tiles"] * (s["kv_tiles"] + FIXED) for s in shapes)
+    sum_kt = sum(s["kv_tiles"] for s in shapes)
+    max_kt = max([s["kv_tiles"] for s in shapes], default=0)
+    no_split = max(max_kt, 1)
+
+    def splits(s, c):
+        return 1 if s["kv_tiles"] == 0 else cdiv(s["kv_tiles"], c)
+
+    spare = max_work - B
+    if spare <= 0:
+        c_min = no_split
+    else:
+        c_min = min(max(cdiv(cost, num_sms), 1, cdiv(sum_kt, spare)), no_split)
+    chunk = no_split
+    if c_min < no_split:
+        cands = [min(no_split if i == NCAND - 1 else c_min + cdiv(c_min * i, 4), no_split) for i in range(NCAND)]
+        best, best_time = no_split, None
+        for c in reversed(cands):
+            t = cdiv(sum(s["q_tiles"] * splits(s, c) for s in shapes), num_sms) * (c + FIXED)
+            if best_time is None or t < best_time or (t == best_time and c > best):
+                best, best_time = c, t
+        chunk = best
+    ct = chunk * TILE
+
+    items, split_indptr, parts = [], [], 0
+    for b, s in enumerate(shapes):
+        n = splits(s, chunk)
+        split_indptr.append(parts)
+        for i in range(n):
+            items.append([b, i * ct, min((i + 1) * ct, s["kv_len"]), parts + i if n > 1 else -1])
+        parts += n if n > 1 else 0
+    header = [len(items), parts, B, max([s["qo_len"] for s in shapes], default=0),
+              max(kv_len, default=0), ct, qo[B], 0]
+    lpl = [s["last"] for s in shapes] + [0] * (max_batch - B)
+    split_indptr += [parts] * (max_batch + 1 - B)
+    work_off = cdiv(8 + 2 * max_batch + 1, 4) * 4
+    meta = header + lpl + split_indptr + [0] * (work_off - (8 + 2 * max_batch + 1))
+    for i in range(max_work):
+        meta += items[i] if i < len(items) else [-1, 0, 0, -1]
+    return meta
+
+
+def random_batch(rng, B, page_size, max_qo=1, max_kv=5000, empty_rate=0.1):
+    kv_len = [0 if rng.random() < empty_rate else rng.randint(1, max_kv) for _ in range(B)]
+    qo_len = [rng.randint(1, max_qo) for _ in range(B)]
+    qo, kv = [0], [0]
+    for q, L in zip(qo_len, kv_len):
+        qo.append(qo[-1] + q)
+        kv.append(kv[-1] + cdiv(L, page_size))
+    return qo, kv, kv_len
+
+
+def tensors(qo, kv, kv_len, device="cpu", dtype=torch.int32):
+    return tuple(torch.tensor(x, dtype=dtype, device=device) for x in (qo, kv, kv_len))
+
+
+def check_invariants(plan, kv_len, page_size):
+    meta = plan.metadata.cpu()
+    info = plan.info
+    B = len(kv_len)
+    items = plan.work_items.cpu().tolist()
+    split = plan.split_indptr.cpu().tolist()
+    lpl = plan.kv_last_page_len.cpu().tolist()
+    assert info.batch == B == meta[2]
+    assert info.chunk_tokens % TILE == 0 and info.chunk_tokens > 0
+    assert info.num_work <= plan.max_work
+    covered = [0] * B
+    count = [0] * B
+    for i, (r, begin, end, partial) in enumerate(items):
+        if i >= info.num_work:
+            assert (r, begin, end, partial) == (-1, 0, 0, -1)
+            continue
+        assert 0 <= r < B
+        assert begin == covered[r], "each request's tokens are covered once, in order"
+        assert begin % info.chunk_tokens == 0 and begin <= end <= begin + info.chunk_tokens
+        covered[r] = end
+        first, last = split[r], split[r + 1]
+        assert partial == (-1 if last == first else first + count[r])
+        count[r] += 1
+    for b in range(B):
+        assert covered[b] == kv_len[b]
+        assert count[b] >= 1, "empty requests still get an item (zeros, -inf LSE)"
+        assert split[b + 1] - split[b] == (count[b] if count[b] > 1 else 0)
+        pages = cdiv(kv_len[b], page_size)
+        assert lpl[b] == (0 if kv_len[b] == 0 else kv_len[b] - (pages - 1) * page_size)
+        assert kv_len[b] == 0 or 1 <= lpl[b] <= page_size
+    assert split[B:] == [info.num_partials] * (plan.max_batch + 1 - B)
+    assert lpl[B:] == [0] * (plan.max_batch - B)
+
+
+CASES = [
+    # B, page_size, heads, max_qo, num_sms, max_kv
+    (1, 64, 16, 1, 132, 65536),
+    (1, 1, 128, 1, 132, 300),
+    (3, 16, 16, 4, 8, 5000),
+    (7, 64, 16, 1, 132, 70000),
+    (32, 1, 16, 2, 132, 4096),
+    (64, 16, 128, 1, 132, 20000),
+    (100, 64, 16, 3, 304, 8192),
+    (256, 64, 16, 1, 132, 4096),
+]
+
+
+@pytest.mark.parametrize("B,page_size,heads,max_qo,num_sms,max_kv", CASES)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_cpu_plan_matches_reference_and_invariants(B, page_size, heads, max_qo, num_sms, max_kv, dtype):
+    rng = random.Random(B * 1000 + page_size)
+    qo, kv, kv_len = random_batch(rng, B, page_size, max_qo, max_kv)
+    plan = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
+    plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
+    want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work)
+    assert plan.metadata.tolist() == want
+    check_invariants(plan, kv_len, page_size)
+    info = plan.info
+    assert info.max_qo_len == max(q1 - q0 for q0, q1 in zip(qo, qo[1:]))
+    assert info.max_kv_len == max(kv_len) and info.total_qo == qo[-1] and info.error == 0
+
+
+@pytest.mark.parametrize("max_work_extra", [0, 1, 3, 10])
+def test_small_max_work_is_respected(max_work_extra):
+    rng = random.Random(max_work_extra)
+    B = 20
+    qo, kv, kv_len = random_batch(rng, B, 16, max_kv=100000, empty_rate=0.0)
+    plan = mlacore.MlaPlan("cpu", max_batch=B, max_work=B + max_work_extra, num_sms=132)
+    plan.build(*tensors(qo, kv, kv_len), 16, 16)
+    assert plan.metadata.tolist() == reference(qo, kv, kv_len, 16, 16, 132, B, B + max_work_extra)
+    check_invariants(plan, kv_len, 16)
+    assert plan.info.num_work <= B + max_work_extra
+    if max_work_extra == 0:
+        assert plan.info.num_partials == 0
+
+
+def test_default_max_work_holds_adversarial_batches():
+    num_sms = 132
+    for B, lens in [(1, [2**31 - 64]), (300, [64 * 10] * 300), (300, [1] * 299 + [10**7]),
+                    (132, [64 * 133] * 132), (1000, [64 * (i % 7 + 1) for i in range(1000)])]:
+        plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=num_sms)
+        kv = [0]
+        for L in lens:
+            kv.append(kv[-1] + cdiv(L, 64))
+        plan.build(*tensors(list(range(B + 1)), kv, lens), 64, 16)
+        assert plan.info.num_work <= plan.max_work == B + num_sms
+        check_invariants(plan, lens, 64)
+
+
+def test_splits_fill_the_sms_and_large_batches_do_not_split():
+    plan = mlacore.MlaPlan("cpu", max_batch=512, num_sms=132)
+    # One long request: split across (most of) the SMs.
+    plan.build(*tensors([0, 1], [0, 1024], [65536]), 64, 16)
+    assert 100 <= plan.info.num_work <= 132 and plan.info.num_partials == plan.info.num_work
+    # 512 requests of equal length already fill 132 SMs: no split, no partials.
+    B = 512
+    plan.build(*tensors(list(range(B + 1)), [i * 16 for i in range(B + 1)], [1024] * B), 64, 16)
+    assert plan.info.num_work == B and plan.info.num_partials == 0
+    assert plan.info.chunk_tokens == 1024
+    # Query tiles count: 128 heads x 4 tokens = 8 tiles per item, so fewer splits than with 16 heads.
+    plan.build(*tensors([0, 4], [0, 1024], [65536]), 64, 128)
+    assert plan.info.num_work <= 132 // 8 + 2
+
+
+def test_empty_requests_batch_zero_and_padding():
+    plan = mlacore.MlaPlan("cpu", max_batch=8, num_sms=4)
+    plan.build(*tensors([0, 1, 2, 3], [0, 0, 3, 3], [0, 40, 0]), 16, 16)
+    items = plan.work_items.tolist()
+    assert items[0] == [0, 0, 0, -1] and items[2] == [2, 0, 0, -1]
+    assert plan.kv_last_page_len.tolist()[:3] == [0, 8, 0]
+    assert all(it == [-1, 0, 0, -1] for it in items[plan.info.num_work:])
+    # Batch 0: everything is padding.
+    plan.build(*tensors([0], [0], []), 16, 16)
+    assert plan.info == mlacore.PlanInfo(0, 0, 0, 0, 0, 64, 0, 0)
+    assert all(it == [-1, 0, 0, -1] for it in plan.work_items.tolist())
+
+
+def test_metadata_is_fully_rewritten():
+    rng = random.Random(5)
+    qo, kv, kv_len = random_batch(rng, 10, 16)
+    plan = mlacore.MlaPlan("cpu", max_batch=16, num_sms=20)
+    plan.build(*tensors(qo, kv, kv_len), 16, 16)
+    first = plan.metadata.clone()
+    plan.metadata.fill_(-12345)
+    plan.build(*tensors(qo, kv, kv_len), 16, 16)
+    assert torch.equal(plan.metadata, first)
+
+
+def test_strided_inputs():
+    qo, kv, kv_len = [0, 1, 3], [0, 2, 4], [100, 65]
+    ref = mlacore.MlaPlan("cpu", max_batch=4, num_sms=8)
+    ref.build(*tensors(qo, kv, kv_len), 64, 16)
+    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=8)
+    wide = [torch.tensor(x, dtype=torch.int64).repeat_interleave(3)[::3] for x in (qo, kv, kv_len)]
+    assert wide[0].stride(0) == 3
+    plan.build(*wide, 64, 16)
+    assert torch.equal(plan.metadata, ref.metadata)
+
+
+def test_sizes_and_layout_helpers():
+    assert mlacore.default_max_work(256, 132) == 388
+    n = mlacore.plan_metadata_size(4, 10)
+    assert n == cdiv(8 + 4 + 5, 4) * 4 + 40
+    plan = mlacore.MlaPlan("cpu", max_batch=4, max_work=10, num_sms=3)
+    assert plan.metadata.numel() == n and plan.metadata.dtype == torch.int32
+    assert _mlacore.plan_layout(4, 10) == (0, 8, 12, 20)
+    assert plan.work_items.shape == (10, 4) and plan.split_indptr.numel() == 5
+    with pytest.raises(ValueError, match="max_work"):
+        mlacore.MlaPlan("cpu", max_batch=8, max_work=4, num_sms=3)
+    with pytest.raises(ValueError, match="num_sms"):
+        mlacore.MlaPlan("cpu", max_batch=8, num_sms=0)
+
+
+def _good():
+    return tensors([0, 1, 2], [0, 1, 3], [10, 100])
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda a: (a[0].view(1, 3), a[1], a[2]), ValueError, "qo_indptr: expected 1-D"),
+    (lambda a: (a[0].float(), a[1], a[2]), ValueError, "qo_indptr: expected 1-D int32 or int64"),
+    (lambda a: (a[0], a[1][:2], a[2]), ValueError, "kv_indptr: expected 1-D int32 or int64 of length batch\\+1=3"),
+    (lambda a: (a[0], a[1], a[2][:1]), ValueError, "kv_len_arr: expected 1-D int32 or int64 of length batch=2"),
+    (lambda a: (a[0] + 1, a[1], a[2]), ValueError, "qo_indptr: expected first element 0, got 1"),
+    (lambda a: (a[0], a[1] + 1, a[2]), ValueError, "kv_indptr: expected first element 0, got 1"),
+    (lambda a: (torch.tensor([0, 2, 1], dtype=torch.int32), a[1], a[2]), ValueError,
+     "qo_indptr: expected non-decreasing.*request 1"),
+    (lambda a: (a[0], a[1], torch.tensor([10, 200], dtype=torch.int32)), ValueError,
+     "kv_len_arr\\[1\\]=200: request 1 needs ceil\\(200/page_size 64\\)=4 pages, but kv_indptr gives it 2"),
+    (lambda a: (a[0], a[1], torch.tensor([-1, 100], dtype=torch.int32)), ValueError,
+     "kv_len_arr\\[0\\]: expected 0 <= kv_len"),
+    (lambda a: (a[0], None, a[2]), TypeError, "kv_indptr: expected a tensor, got None"),
+    (lambda a: (a[0], [0, 1, 3], a[2]), TypeError, "kv_indptr: expected a tensor"),
+])
+def test_input_errors_name_the_argument(mutate, exc, match):
+    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
+    with pytest.raises(exc, match=match):
+        plan.build(*mutate(_good()), 64, 16)
+
+
+def test_capacity_scalar_and_metadata_errors():
+    plan = mlacore.MlaPlan("cpu", max_batch=1, num_sms=4)
+    with pytest.raises(ValueError, match="batch 2 .* exceeds the plan's max_batch=1"):
+        plan.build(*_good(), 64, 16)
+    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
+    with pytest.raises(ValueError, match="page_size: expected >= 1"):
+        plan.build(*_good(), 0, 16)
+    with pytest.raises(ValueError, match="num_heads: expected >= 1"):
+        plan.build(*_good(), 64, 0)
+    raw = plan._plan
+    n = plan.metadata.numel()
+    with pytest.raises(ValueError, match="metadata: expected int32"):
+        raw.build(*_good(), 64, 16, torch.zeros(n, dtype=torch.int64))
+    with pytest.raises(ValueError, match="metadata: expected at least"):
+        raw.build(*_good(), 64, 16, torch.zeros(n - 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="metadata: expected a contiguous"):
+        raw.build(*_good(), 64, 16, torch.zeros(2 * n, dtype=torch.int32)[::2])
+    with pytest.raises(ValueError, match="metadata: expected 16-byte aligned"):
+        raw.build(*_good(), 64, 16, torch.zeros(n + 1, dtype=torch.int32)[1:])
+    with pytest.raises(ValueError, match="build_device needs GPU tensors"):
+        plan.build_device(*_good(), 64, 16)
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _cuda_batch(seed, B, page_size=64, max_qo=1, dtype=torch.int32):
+    qo, kv, kv_len = random_batch(random.Random(seed), B, page_size, max_qo)
+    return (qo, kv, kv_len), tensors(qo, kv, kv_len, "cuda", dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_gpu_device_inputs_match_host_inputs_with_one_round_trip(dtype):
+    plan = mlacore.MlaPlan("cuda", max_batch=300)
+    host_plan = mlacore.MlaPlan("cpu", max_batch=300, num_sms=plan.num_sms)
+    staging = None
+    for step, B in enumerate([1, 17, 300, 5, 256]):
+        raw, dev = _cuda_batch(step, B, max_qo=3, dtype=dtype)
+        before = plan.stats
+        plan.build(*dev, 64, 16)
+        after = plan.stats
+        host_plan.build(*tensors(*raw), 64, 16)
+        assert torch.equal(plan.metadata.cpu(), host_plan.metadata)
+        assert plan.info == host_plan.info
+        assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
+        assert after["stream_syncs"] - before["stream_syncs"] == 1
+        assert after["host_to_device_copies"] - before["host_to_device_copies"] == 1
+        # One pinned buffer for the plan's life, whatever the batch size.
+        assert after["pinned_allocations"] == 1
+        staging = staging or after["staging"]
+        assert after["staging"] == staging != 0
+
+
+@requires_cuda
+def test_gpu_build_issues_a_single_device_to_host_copy():
+    plan = mlacore.MlaPlan("cuda", max_batch=64)
+    _, dev = _cuda_batch(1, 64)
+    plan.build(*dev, 64, 16)  # warm: staging allocated
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        plan.build(*dev, 64, 16)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    d2h = [n for n in names if "DtoH" in n or "Device -> Pinned" in n or "Device -> Pageable" in n]
+    h2d = [n for n in names if "HtoD" in n or "Pinned -> Device" in n]
+    assert len(d2h) == 1, names
+    assert len(h2d) == 1, names
+
+
+@requires_cuda
+def test_gpu_host_inputs_cost_no_round_trip():
+    plan = mlacore.MlaPlan("cuda", max_batch=32)
+    raw, _ = _cuda_batch(3, 32)
+    plan.build(*tensors(*raw), 64, 16)
+    s = plan.stats
+    assert s["device_to_host_copies"] == 0 and s["stream_syncs"] == 0 and s["host_to_device_copies"] == 1
+    host = mlacore.MlaPlan("cpu", max_batch=32, num_sms=plan.num_sms)
+    host.build(*tensors(*raw), 64, 16)
+    assert torch.equal(plan.metadata.cpu(), host.metadata)
+
+
+@requires_cuda
+def test_gpu_pinned_buffer_is_guarded_until_its_upload_ran():
+    # The first upload waits behind a long kernel; the second build must not
+    # overwrite the pinned schedule it is about to copy.
+    plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
+    raw = plan._plan
+    meta_a = torch.zeros_like(plan.metadata)
+    meta_b = torch.zeros_like(plan.metadata)
+    a = tensors([0, 1], [0, 100], [6400])
+    b = tensors([0, 1, 2], [0, 1, 2], [64, 64])
+    want_a = mlacore.MlaPlan("cpu", max_batch=8, num_sms=8)
+    want_a.build(*a, 64, 16)
+    torch.cuda._sleep(200_000_000)
+    raw.build(*a, 64, 16, meta_a)
+    raw.build(*b, 64, 16, meta_b)
+    torch.cuda.synchronize()
+    assert torch.equal(meta_a.cpu(), want_a.metadata)
+
+
+@requires_cuda
+@pytest.mark.parametrize("B,dtype", [(0, torch.int32), (1, torch.int32), (33, torch.int64), (255, torch.int32),
+                                     (256, torch.int32), (257, torch.int64), (1000, torch.int32)])
+def test_gpu_build_device_equals_host_build_bitwise(B, dtype):
+    plan = mlacore.MlaPlan("cuda", max_batch=1024)
+    ref = mlacore.MlaPlan("cpu", max_batch=1024, num_sms=plan.num_sms)
+    for seed in range(3):
+        raw, dev = _cuda_batch(seed + B, B, page_size=16, max_qo=4, dtype=dtype)
+        plan.metadata.fill_(-777)
+        plan.build_device(*dev, 16, 16)
+        ref.build(*tensors(*raw), 16, 16)
+        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        assert plan.info == ref.info
+    assert plan.stats["device_to_host_copies"] == 0 and plan.stats["pinned_allocations"] == 0
+
+
+@requires_cuda
+def test_gpu_build_device_does_not_synchronize():
+    plan = mlacore.MlaPlan("cuda", max_batch=16)
+    _, dev = _cuda_batch(0, 16)
+    plan.build_device(*dev, 64, 16)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s or more of device time
+    t0 = time.perf_counter()
+    plan.build_device(*dev, 64, 16)
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    assert elapsed < 0.05
+
+
+@requires_cuda
+def test_gpu_cuda_graph_capture_and_replay_with_new_lengths():
+    max_batch, page_size = 64, 16
+    plan = mlacore.MlaPlan("cuda", max_batch=max_batch)
+    ref = mlacore.MlaPlan("cpu", max_batch=max_batch, num_sms=plan.num_sms)
+    (qo, kv, kv_len), dev = _cuda_batch(0, max_batch, page_size, max_qo=2)
+    static = [t.clone() for t in dev]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.build_device(*static, page_size, 16)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.build_device(*static, page_size, 16)
+    for seed in range(1, 5):
+        # A smaller live batch padded with empty requests, as engines do under graphs.
+        live = [max_batch, 40, 7, 1][seed - 1]
+        raw, _ = _cuda_batch(seed, live, page_size, max_qo=2)
+        qo = raw[0] + [raw[0][-1]] * (max_batch - live)
+        kv = raw[1] + [raw[1][-1]] * (max_batch - live)
+        kv_len = raw[2] + [0] * (max_batch - live)
+        for dst, src in zip(static, tensors(qo, kv, kv_len, "cuda")):
+            dst.copy_(src)
+        plan.metadata.fill_(-1)
+        graph.replay()
+        ref.build(*tensors(qo, kv, kv_len), page_size, 16)
+        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        check_invariants(plan, kv_len, page_size)
+
+
+@requires_cuda
+def test_gpu_host_build_refuses_graph_capture():
+    plan = mlacore.MlaPlan("cuda", max_batch=4)
+    _, dev = _cuda_batch(0, 4)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="use build_device under capture"):
+        with torch.cuda.graph(graph):
+            plan.build(*dev, 64, 16)
+
+
+@requires_cuda
+def test_gpu_build_device_flags_invalid_inputs_and_skips_those_requests():
+    plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
+    # Request 1 claims 200 tokens on 1 page of 64: no work for it, the rest planned.
+    plan.build_device(*tensors([0, 1, 2, 3], [0, 2, 3, 4], [100, 200, 10], "cuda"), 64, 16)
+    info = plan.info
+    assert info.error == PLAN_ERROR_KV_LEN
+    items = plan.work_items.cpu().tolist()[: info.num_work]
+    assert sorted({r for r, *_ in items}) == [0, 2]
+    assert plan.kv_last_page_len.cpu().tolist()[:3] == [36, 0, 10]
+    # A decreasing kv_indptr.
+    plan.build_device(*tensors([0, 1, 2], [0, 3, 2], [100, 10], "cuda"), 64, 16)
+    assert plan.info.error & PLAN_ERROR_INDPTR and {r for r, *_ in plan.work_items.cpu().tolist()} <= {-1, 0}
+    # qo_indptr not starting at 0: nothing is planned.
+    plan.build_device(*tensors([1, 2, 3], [0, 1, 2], [10, 10], "cuda"), 64, 16)
+    assert plan.info.error == PLAN_ERROR_INDPTR_START and plan.info.num_work == 0
+    assert all(r == -1 for r, *_ in plan.work_items.cpu().tolist())
+    # The host build raises for the same inputs instead.
+    with pytest.raises(ValueError, match="request 1"):
+        plan.build(*tensors([0, 1, 2, 3], [0, 2, 3, 4], [100, 200, 10], "cuda"), 64, 16)
+
+
+@requires_cuda
+def test_gpu_device_mismatch_errors():
+    plan = mlacore.MlaPlan("cuda", max_batch=4)
+    qo, kv, kv_len = _cuda_batch(0, 2)[1]
+    with pytest.raises(ValueError, match="kv_len_arr: expected a tensor on cuda:0"):
+        plan.build(qo, kv, kv_len.cpu(), 64, 16)
+    cpu_plan = mlacore.MlaPlan("cpu", max_batch=4)
+    with pytest.raises(ValueError, match="metadata: expected a tensor on cuda"):
+        cpu_plan.build(qo, kv, kv_len, 64, 16)
