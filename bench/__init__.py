@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     ctx = Context(args)
-    report = Report(ctx)
+    report = Report(ctx, args.json)
     for name in args.mode or list(MODES):
         module = importlib.import_module(f"{__name__}.{MODES[name]}")
         why_not = module.supported(ctx) if hasattr(module, "supported") else None
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         for table in module.run(ctx):
             report.add(name, table)
     if args.json:
-        report.write_json(args.json)
+        report.write_json(args.json)  # also when every mode was skipped
     if args.plot:
         report.write_plots(args.plot)
     return 0

@@ -80,23 +80,30 @@ def machine(ctx) -> dict:
 
 
 class Report:
-    def __init__(self, ctx):
+    def __init__(self, ctx, json_path=None):
         self.ctx = ctx
         self.tables = []  # (mode, Table)
         self.skipped = {}
+        # Rewritten after every table, so a sweep cut short keeps what it measured.
+        self.json_path = json_path
+        self._machine = None
 
     def add(self, mode, table):
         self.tables.append((mode, table))
         print(table.render(), flush=True)
         print(flush=True)
+        if self.json_path:
+            self.write_json(self.json_path)
 
     def skip(self, mode, why):
         self.skipped[mode] = why
         print(f"== {mode}: skipped ({why})\n", flush=True)
 
     def write_json(self, path):
+        if self._machine is None:
+            self._machine = machine(self.ctx)
         doc = {
-            "machine": machine(self.ctx),
+            "machine": self._machine,
             "skipped": self.skipped,
             "tables": [{"mode": m, "title": t.title, "columns": t.columns, "rows": t.rows, "notes": t.notes}
                        for m, t in self.tables],

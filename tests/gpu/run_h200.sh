@@ -2,7 +2,8 @@
 # One device call on the lent H200: install the build tools carried as wheels
 # in .whl/ (../shared/gpu/stage-wheels.sh --peers), build mlacore with CUDA,
 # then run the requested steps, writing logs under $OUT.
-#   bash tests/gpu/run_h200.sh "pytest sanitizer bench:overhead,attn"
+#   bash tests/gpu/run_h200.sh "pytest mesontest bench:overhead,attn sanitizer"
+# Each step has its own time limit so one slow step cannot eat the call.
 set -uo pipefail
 STEPS=${1:-"pytest bench"}
 OUT=${OUT:-/tmp/mlacore-out}
@@ -19,23 +20,27 @@ if ! python3 -m pip install -q --no-build-isolation --no-deps -Csetup-args=-Dsm_
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
 for step in $STEPS; do
+  t0=$(date +%s)
   case $step in
     pytest)
-      (cd /tmp && python3 -m pytest -q -rs "$ROOT/tests" 2>&1) | tee "$OUT/pytest.txt" | tail -40 ;;
+      (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" 2>&1) \
+        > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
     pytest:*)
-      (cd /tmp && python3 -m pytest -q -rs "$ROOT/tests" -k "${step#pytest:}" 2>&1) | tee "$OUT/pytest.txt" | tail -40 ;;
+      (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" -k "${step#pytest:}" 2>&1) \
+        > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
     mesontest)
-      meson test -C build/gpu --print-errorlogs 2>&1 | tail -15 ;;
-    sanitizer)
+      meson test -C build/gpu --print-errorlogs 2>&1 | grep -E "Ok:|Fail:|FAIL" ;;
+    sanitizer:*)
       for tool in memcheck racecheck; do
-        (cd /tmp && compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x -m "not slow" \
-          "$ROOT/tests" -k "cuda" 2>&1) | tee "$OUT/sanitizer-$tool.txt" | tail -8
+        (cd /tmp && timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x \
+          -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
+        echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
       done ;;
-    bench)
-      python3 -m mlacore bench --json "$OUT/bench.json" --plot "$OUT/plots" 2>&1 | tee "$OUT/bench.txt" ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
-      python3 -m mlacore bench $modes --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
+      timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" --plot "$OUT/plots" \
+        > "$OUT/bench.txt" 2> "$OUT/bench-err.txt"; echo "bench rc=$?"; tail -3 "$OUT/bench-err.txt" ;;
     *) echo "unknown step $step" ;;
   esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
 done
