@@ -38,7 +38,7 @@ for step in $STEPS; do
       done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
-      timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" --plot "$OUT/plots" \
+      timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" \
         > "$OUT/bench.txt" 2> "$OUT/bench-err.txt"; echo "bench rc=$?"; tail -3 "$OUT/bench-err.txt" ;;
     *) echo "unknown step $step" ;;
   esac
