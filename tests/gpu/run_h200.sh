@@ -28,6 +28,11 @@ for step in $STEPS; do
     pytest:*)
       (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" -k "${step#pytest:}" 2>&1) \
         > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
+    gdb:*)
+      # A host-side backtrace of a crashing test (cuda-gdb debugs host code; there is no gdb).
+      (cd /tmp && timeout 240 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 -m pytest \
+        -x -q -p no:cacheprovider "$ROOT/tests" -k "${step#gdb:}" 2>&1) > "$OUT/gdb.txt"
+      grep -A25 -m1 "SIGSEGV\|signal" "$OUT/gdb.txt" | head -40 ;;
     mesontest)
       meson test -C build/gpu --print-errorlogs 2>&1 | grep -E "Ok:|Fail:|FAIL" ;;
     sanitizer:*)
