@@ -66,7 +66,7 @@ def machine(ctx) -> dict:
             info["driver"] = "unknown"
     # The revision of the checkout the bench runs from (an installed package
     # has none of its own); "unknown" outside a checkout.
-    info["git"] = "unknown"
+    info["git"] = os.environ.get("MLACORE_GIT_REV", "unknown")  # set when run from an exported snapshot
     for where in (os.getcwd(), os.path.dirname(__file__)):
         try:
             rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

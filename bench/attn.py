@@ -15,7 +15,7 @@ from ._mla import (flashinfer_runner, floor_ms, flops, kv_bytes, make_cache, mak
                    naive_decode, timer)
 from ._report import Table
 
-FULL = [(8, 32768, 16), (32, 8192, 16), (32, 32768, 16), (8, 8192, 128), (32, 8192, 128)]
+FULL = [(b, kv, h) for h in (16, 128) for b, kv in ((8, 32768), (32, 8192), (32, 32768))]
 SMALL = [(2, 512, 16), (2, 256, 128)]
 
 
