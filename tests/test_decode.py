@@ -348,6 +348,35 @@ def test_gpu_forced_splits_and_bad_pages(chunk, backend_portable):
     print(f"forced chunk={chunk} portable={backend_portable}: max err {err:.3e}")
 
 
+@requires_cuda
+@pytest.mark.parametrize("heads,page_size", [(16, 1), (16, 64), (128, 1), (32, 16)])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
+    """The tensor-core kernel stores P per warp slab against the warp's own row maximum and rescales it
+    when read back: peaked scores (most slabs underflow to 0, the maximum jumps between tiles) check that.
+    Lengths end inside a 32-token half tile and span many turns of the KV ring; chunk=64 forces up to 47
+    partials per request through the combine (its unrolled loop and remainder)."""
+    kv_lens = [3000, 33, 95, 1, 2049, 0, 160]
+    d = make_batch(kv_lens, [1] * len(kv_lens), page_size, heads, torch.bfloat16, "cuda", seed=11 + heads)
+    d["q_nope"] = d["q_nope"] * 3
+    scale = 0.35
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
+    if chunk is None:
+        (out, lse), _ = run_wrapper(d, causal=False, sm_scale=scale)
+    else:
+        md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads,
+                                                chunk_tokens=chunk)
+        ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, heads), dtype=torch.uint8, device="cuda")
+        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
+                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, page_size, scale, False,
+                            False)
+    torch.cuda.synchronize()
+    err = check(d, out, lse, scale, False, atol=2e-2, lse_atol=2e-2,
+                what=f"peaked h={heads} page={page_size} chunk={chunk}")
+    print(f"peaked h={heads} page={page_size} chunk={chunk}: max err {err:.3e}")
+
+
 BENCH_SHAPES = [(8, 32768, 16, 1), (8, 32768, 16, 64), (32, 8192, 16, 1), (32, 8192, 16, 64),
                 (32, 32768, 16, 64), (8, 4096, 128, 64), (32, 8192, 128, 1)]
 

@@ -6,12 +6,16 @@
 //    kRowGroups groups of 16 rows; heads=16 decode uses the 1-group config, so
 //    no MMA is spent on padding rows, and 8 warps split its KV columns instead.
 //  - each 64-token KV tile (64 x 576: ckv | kpe) crosses HBM once per CTA,
-//    by cp.async into a double buffer, gathered row by row through the page
-//    table (page size 1 puts every token on its own page), and serves both
-//    S = Q K^T (all 576 dims) and O += P V (V = the first 512 dims).
+//    by cp.async in two 32-token halves through a ring of half-tile slots
+//    (5 for 16 rows: ~110 KB in flight per SM), gathered row by row through
+//    the page table (page size 1 puts every token on its own page; the page
+//    ids are loaded one tile ahead), and serves both S = Q K^T (all 576
+//    dims) and O += P V (V = the first 512 dims).
 //  - warp (g, c) of group g computes S for 64/kColSplit tokens and O for
 //    512/kColSplit columns; row maxima and P go through shared memory, so the
-//    fp32 output accumulator per thread stays <= 128 registers.
+//    fp32 output accumulator per thread stays <= 128 registers. P is stored
+//    against each warp's own maximum and rescaled when read, so a tile costs
+//    two barriers (tile landed, P ready), not three.
 //  - online softmax in base 2 (scores scaled by sm_scale * log2 e).
 // Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8):
 // ldmatrix's 8 row addresses then hit 8 different bank groups.
@@ -129,6 +133,35 @@ __device__ __forceinline__ uint32_t swz(int r, int c, int chunks) {
   return static_cast<uint32_t>((r * chunks + (c ^ (r & 7))) * 16);
 }
 
+// Waits until at most `kPending` of this thread's newest cp.async groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// bf16x2 / f16x2 times a float, through fp32 (a bf16 factor would add its own rounding).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t scale2(uint32_t x, float f) {
+  float lo, hi;
+  if constexpr (kBf16) {
+    lo = __uint_as_float(x << 16);
+    hi = __uint_as_float(x & 0xffff0000u);
+  } else {
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&x));
+    lo = v.x;
+    hi = v.y;
+  }
+  return pack2<kBf16>(lo * f, hi * f);
+}
+
+// KV arrives in half tiles of 32 tokens (36 KB) through a ring of kRing
+// slots; a 64-token compute tile is two consecutive halves. While tile `it`
+// is computed, halves up to 2*it + kRing - 1 are in flight: with kRing = 5
+// that is ~110 KB per SM, enough for one CTA to pull its share of HBM
+// bandwidth (~32 KB/us per SM at ~2 us loaded latency); a plain double buffer
+// of 64-token tiles kept 0-74 KB in flight and stalled between tiles.
+constexpr int kHalfTokens = kDecodeTileTokens / 2;
+
 template <int kRowGroups>
 struct MmaConfig {
   static constexpr int kWarps = kThreads / 32;
@@ -138,25 +171,42 @@ struct MmaConfig {
   static constexpr int kColsPerWarp = kCkvDim / kColSplit;      // O columns per warp
   static constexpr int kSTiles = kTokPerWarp / 8;
   static constexpr int kOTiles = kColsPerWarp / 8;
-  static constexpr int kStages = 2;
+  // 16 rows: Q is 18 KB, so five 36 KB halves fit in 227 KB. 64 rows: Q is
+  // 72 KB, four halves (a plain double buffer) is all that fits; that config
+  // serves compute-bound shapes, where the MMAs hide the loads anyway.
+  static constexpr int kRing = kRowGroups == 1 ? 5 : 4;
   // shared memory, bytes
   static constexpr int kQBytes = kRows * kQkDim * 2;
-  static constexpr int kKvBytes = kDecodeTileTokens * kQkDim * 2;
+  static constexpr int kHalfBytes = kHalfTokens * kQkDim * 2;
   static constexpr int kPBytes = kRows * kDecodeTileTokens * 2;
   static constexpr int kRedBytes = kRowGroups * kColSplit * 16 * 4;
-  static constexpr int kValidBytes = kStages * kDecodeTileTokens;
+  static constexpr int kValidBytes = kRing * kHalfTokens;
   static constexpr int kOffKv = kQBytes;
-  static constexpr int kOffP = kOffKv + kStages * kKvBytes;
+  static constexpr int kOffP = kOffKv + kRing * kHalfBytes;
   static constexpr int kOffRed = kOffP + kPBytes;
   static constexpr int kOffValid = kOffRed + kRedBytes;
   static constexpr int kSmem = kOffValid + kValidBytes;
   static_assert(kTokPerWarp == 8 || kTokPerWarp % 16 == 0, "S slab must suit ldmatrix.x4");
+  static_assert(kHalfTokens % kTokPerWarp == 0, "a warp's S slab must lie in one half tile");
   static_assert(kColsPerWarp % 16 == 0, "O slab must suit ldmatrix.x4.trans");
+  static_assert(kRing >= 4, "two halves computed while two more load");
+  static_assert(kThreads == 8 * kHalfTokens, "the loader gives each token row of a half to 8 threads");
+};
+
+// A page-table lookup issued early: the raw index is loaded one tile before
+// its cp.async needs it, so the dependent global load (every token is its
+// own page at page size 1) is off the critical path; it is range-checked
+// only when used. 32-bit: a page id >= 2^31 would need a pool of over 2 TB
+// (1152 bytes per token), so such ids are treated as invalid, never wrapped.
+struct PageRef {
+  int32_t page;  // raw page id, or -1 outside the item / the request's pages
+  int32_t off;   // token offset inside the page
 };
 
 template <bool kBf16, int kRowGroups, class Idx>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const DecodeParams<Idx> p) {
   using C = MmaConfig<kRowGroups>;
+  constexpr int R = C::kRing;
   extern __shared__ __align__(128) unsigned char smem[];
   float* s_red = reinterpret_cast<float*>(smem + C::kOffRed);
   unsigned char* s_valid = smem + C::kOffValid;
@@ -164,6 +214,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   const uint32_t s_kv = smem_addr(smem + C::kOffKv);
   const uint32_t s_p = smem_addr(smem + C::kOffP);
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lets the combine kernel launch once every CTA of this grid is resident;
+  // it still waits (griddepcontrol.wait) for this grid to finish writing.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const ItemView item = read_item(p, blockIdx.x);
   if (!item.ok) return;
   const int H = p.num_heads;
@@ -182,7 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
-  // Query tile -> shared (zero rows past the request).
+  // Query tile -> shared (zero rows past the request), once per CTA; it
+  // joins the first half tile's commit group.
   for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const int64_t grow = row0 + r;
@@ -197,34 +253,52 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   int64_t page_begin = 0, page_end = 0;
   if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;  // every token masked
   const int64_t num_req_pages = page_end - page_begin;
-  const int page_size = static_cast<int>(p.pages.page_size);
+  // Positions are < item.end <= INT32_MAX (work items are int32), so 32-bit
+  // division suffices; a page larger than any position puts all in page 0.
+  const uint32_t page_size =
+      p.pages.page_size > 0x7fffffff ? 0x80000000u : static_cast<uint32_t>(p.pages.page_size);
+
+  const int64_t n_tiles =
+      item.end > item.begin ? (item.end - item.begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
+  const int64_t n_halves = 2 * n_tiles;
 
   // 8 threads per token row (each 8-lane group reads 128 contiguous bytes per
-  // instruction), 32 rows per pass, 2 passes.
-  auto load_tile = [&](int stage, int64_t tile_start) {
-    const int sub = tid & 7;
-    for (int pass = 0; pass < 2; ++pass) {
-      const int tok = pass * 32 + (tid >> 3);
-      const int64_t pos = tile_start + tok;
-      int64_t page = -1;
-      int off = 0;
-      if (pos < item.end) {
-        const int64_t in_req = pos / page_size;
-        off = static_cast<int>(pos - in_req * page_size);
-        if (in_req < num_req_pages) page = p.pages.page_at(page_begin + in_req);
+  // instruction): thread `tid` always loads row tid / 8 of a half.
+  const int ld_tok = tid >> 3, ld_sub = tid & 7;
+  auto fetch = [&](int64_t half) {
+    PageRef r{-1, 0};
+    const int64_t pos = item.begin + half * kHalfTokens + ld_tok;
+    if (pos < item.end) {
+      const uint32_t u = static_cast<uint32_t>(pos);
+      const uint32_t in_req = u / page_size;
+      r.off = static_cast<int32_t>(u - in_req * page_size);
+      if (in_req < num_req_pages) {
+        const int64_t raw = static_cast<int64_t>(p.pages.indices[(page_begin + in_req) * p.pages.indices_stride]);
+        r.page = raw > 0x7fffffff ? -1 : static_cast<int32_t>(raw);
       }
+    }
+    return r;
+  };
+  // Half `half` into ring slot `slot` (rows past the item are zero-filled, so
+  // no stale shared memory ever meets a zero probability), then its commit
+  // group; halves past the item commit an empty group, which keeps the
+  // wait_group count uniform.
+  auto issue = [&](int64_t half, int slot, const PageRef& r) {
+    if (half < n_halves) {
+      const int64_t page = r.page >= 0 && (p.pages.num_pages < 0 || r.page < p.pages.num_pages) ? r.page : -1;
       const bool valid = page >= 0;
-      const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + off * p.ckv_stride_tok : 0);
-      const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + off * p.kpe_stride_tok : 0);
-      const uint32_t dst = s_kv + stage * C::kKvBytes;
+      const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0);
+      const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0);
+      const uint32_t dst = s_kv + slot * C::kHalfBytes;
 #pragma unroll
       for (int j = 0; j < kChunks / 8; ++j) {
-        const int c = sub + 8 * j;
+        const int c = ld_sub + 8 * j;
         const uint16_t* src = c < kCkvDim / 8 ? crow + c * 8 : krow + (c - kCkvDim / 8) * 8;
-        cp_async16(dst + swz(tok, c, kChunks), src, valid);
+        cp_async16(dst + swz(ld_tok, c, kChunks), src, valid);
       }
-      if (sub == 0) s_valid[stage * kDecodeTileTokens + tok] = valid;
+      if (ld_sub == 0) s_valid[slot * kHalfTokens + ld_tok] = valid;
     }
+    cp_async_commit();
   };
 
   // The two rows this thread owns in every accumulator fragment, and the
@@ -243,40 +317,56 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   for (int j = 0; j < C::kOTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
-  if (n_tiles > 0) load_tile(0, item.begin);
-  cp_async_commit();
+  // Prologue: halves 0 .. R-3 (their page ids all requested before the first
+  // cp.async waits on one), then the ids of the two halves iteration 0 issues.
+  {
+    PageRef first[R - 2];
+#pragma unroll
+    for (int h = 0; h < R - 2; ++h) first[h] = fetch(h);
+#pragma unroll
+    for (int h = 0; h < R - 2; ++h) issue(h, h, first[h]);
+  }
+  PageRef next0 = fetch(R - 2), next1 = fetch(R - 1);
 
+  int slot0 = 0;  // ring slot of half 2*it
   for (int64_t it = 0; it < n_tiles; ++it) {
-    const int st = static_cast<int>(it & 1);
+    const int slot1 = slot0 + 1 == R ? 0 : slot0 + 1;
     const int64_t tile_start = item.begin + it * kDecodeTileTokens;
-    cp_async_wait_all();
-    __syncthreads();  // tile `it` visible to all; everyone is done with the other buffer
-    if (it + 1 < n_tiles) load_tile(st ^ 1, tile_start + kDecodeTileTokens);
-    cp_async_commit();
+    // Halves 2it and 2it+1 are this thread's oldest groups; R-4 newer ones may still fly.
+    cp_async_wait<R - 4>();
+    // Tile `it` visible to all; every warp is done with tile it-1 (its slots,
+    // P and the row maxima in s_red are free).
+    __syncthreads();
+    issue(2 * it + R - 2, slot0 + R - 2 >= R ? slot0 - 2 : slot0 + R - 2, next0);
+    issue(2 * it + R - 1, slot0 + R - 1 >= R ? slot0 - 1 : slot0 + R - 1, next1);
+    next0 = fetch(2 * it + R);
+    next1 = fetch(2 * it + R + 1);
 
-    const uint32_t kv = s_kv + st * C::kKvBytes;
+    const uint32_t kv0 = s_kv + slot0 * C::kHalfBytes, kv1 = s_kv + slot1 * C::kHalfBytes;
     float s[C::kSTiles][4];
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 
-    // S = Q K^T over 576 dims.
+    // S = Q K^T over 576 dims. A warp's slab of tokens lies in one half.
+    constexpr int kSlabsPerHalf = kHalfTokens / C::kTokPerWarp;
+    const uint32_t kv_slab = cs / kSlabsPerHalf == 0 ? kv0 : kv1;
+    const int slab_row = (cs % kSlabsPerHalf) * C::kTokPerWarp;
     if (group_active) {
       const int a_row = rg * 16 + (lane & 15);
       if constexpr (C::kTokPerWarp == 8) {
         // One n-tile: each ldmatrix.x4 of K brings two k-steps.
-        const int k_row = cs * 8 + (lane & 7);
+        const int k_row = slab_row + (lane & 7);
 #pragma unroll 6
         for (int kk = 0; kk < kChunks / 4; ++kk) {
           uint32_t b[4], a0[4], a1[4];
-          ldsm_x4(b, kv + swz(k_row, kk * 4 + (lane >> 3), kChunks));
+          ldsm_x4(b, kv_slab + swz(k_row, kk * 4 + (lane >> 3), kChunks));
           ldsm_x4(a0, s_q + swz(a_row, kk * 4 + (lane >> 4), kChunks));
           ldsm_x4(a1, s_q + swz(a_row, kk * 4 + 2 + (lane >> 4), kChunks));
           mma16816<kBf16>(s[0], a0, b[0], b[1]);
           mma16816<kBf16>(s[0], a1, b[2], b[3]);
         }
       } else {
-        const int k_row = cs * C::kTokPerWarp + ((lane >> 4) << 3) + (lane & 7);
+        const int k_row = slab_row + ((lane >> 4) << 3) + (lane & 7);
 #pragma unroll 4
         for (int kk = 0; kk < kChunks / 2; ++kk) {
           uint32_t a[4];
@@ -284,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
 #pragma unroll
           for (int j = 0; j < C::kSTiles; j += 2) {
             uint32_t b[4];
-            ldsm_x4(b, kv + swz(k_row + j * 8, kk * 2 + ((lane >> 3) & 1), kChunks));
+            ldsm_x4(b, kv_slab + swz(k_row + j * 8, kk * 2 + ((lane >> 3) & 1), kChunks));
             mma16816<kBf16>(s[j], a, b[0], b[1]);
             mma16816<kBf16>(s[j + 1], a, b[2], b[3]);
           }
@@ -292,15 +382,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
       }
     }
 
-    // Mask, scale, and this warp's row maxima.
-    float mx[2] = {-INFINITY, -INFINITY};
+    // Mask, scale, and this warp's row maxima (including the running one).
+    const unsigned char* valid_slab = s_valid + (cs / kSlabsPerHalf == 0 ? slot0 : slot1) * kHalfTokens + slab_row;
+    float mx[2] = {m_run[0], m_run[1]};
 #pragma unroll
     for (int j = 0; j < C::kSTiles; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2 + (e & 1);
+        const int tok = j * 8 + (lane & 3) * 2 + (e & 1);  // inside the slab
         const int i = e >> 1;
-        const bool ok = tile_start + tok < limit[i] && s_valid[st * kDecodeTileTokens + tok];
+        const bool ok = tile_start + cs * C::kTokPerWarp + tok < limit[i] && valid_slab[tok];
         s[j][e] = ok ? s[j][e] * p.scale_log2 : -INFINITY;
         mx[i] = fmaxf(mx[i], s[j][e]);
       }
@@ -310,47 +401,54 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
+    // P of this slab against the warp's own maximum, so it can be stored
+    // before the group's maximum is known; one barrier then serves both the
+    // maxima and P (each slab is rescaled by exp2(m_warp - m_group) when it
+    // is read back for P V). A row that has seen nothing valid keeps
+    // m = -inf; exponentiate it against 0 so no inf - inf.
+    float l_tile[2] = {0.f, 0.f};
+    {
+      const float mu0 = mx[0] == -INFINITY ? 0.f : mx[0], mu1 = mx[1] == -INFINITY ? 0.f : mx[1];
+#pragma unroll
+      for (int j = 0; j < C::kSTiles; ++j) {
+        const float p0 = fast_exp2(s[j][0] - mu0), p1 = fast_exp2(s[j][1] - mu0);
+        const float p2 = fast_exp2(s[j][2] - mu1), p3 = fast_exp2(s[j][3] - mu1);
+        l_tile[0] += p0 + p1;
+        l_tile[1] += p2 + p3;
+        const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2;
+        const int r = rg * 16 + (lane >> 2);
+        const uint32_t in_chunk = (tok & 7) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r, tok >> 3, 8) + in_chunk), "r"(pack2<kBf16>(p0, p1)));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r + 8, tok >> 3, 8) + in_chunk),
+                     "r"(pack2<kBf16>(p2, p3)));
+      }
+    }
     if ((lane & 3) == 0) {
       s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2)] = mx[0];
       s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2) + 8] = mx[1];
     }
     __syncthreads();
 
-    float alpha[2], m_use[2];
+    // The group's new maximum; every warp of the group computes the same one.
+    const float* red_row = s_red + rg * C::kColSplit * 16 + (lane >> 2);
+    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float m_new = m_run[i];
 #pragma unroll
-      for (int c = 0; c < C::kColSplit; ++c)
-        m_new = fmaxf(m_new, s_red[(rg * C::kColSplit + c) * 16 + (lane >> 2) + 8 * i]);
-      // A row that has seen nothing valid keeps m = -inf; exponentiate against 0 so no inf - inf.
+      for (int c = 0; c < C::kColSplit; ++c) m_new = fmaxf(m_new, red_row[c * 16 + 8 * i]);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = fast_exp2(m_run[i] - m_use[i]);
+      const float alpha = fast_exp2(m_run[i] - m_use[i]);
+      // This warp's own slab was exponentiated against mx[i] (<= m_new).
+      const float own = mx[i] == -INFINITY ? 0.f : fast_exp2(mx[i] - m_use[i]);
+      l_run[i] = l_run[i] * alpha + l_tile[i] * own;
       m_run[i] = m_new;
-      l_run[i] *= alpha[i];
-    }
-    // P (this warp's slab) -> shared, for every warp of the group.
 #pragma unroll
-    for (int j = 0; j < C::kSTiles; ++j) {
-      const float p0 = fast_exp2(s[j][0] - m_use[0]), p1 = fast_exp2(s[j][1] - m_use[0]);
-      const float p2 = fast_exp2(s[j][2] - m_use[1]), p3 = fast_exp2(s[j][3] - m_use[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2;
-      const int r = rg * 16 + (lane >> 2);
-      const uint32_t in_chunk = (tok & 7) * 2;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r, tok >> 3, 8) + in_chunk), "r"(pack2<kBf16>(p0, p1)));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r + 8, tok >> 3, 8) + in_chunk),
-                   "r"(pack2<kBf16>(p2, p3)));
+      for (int j = 0; j < C::kOTiles; ++j) {
+        o[j][2 * i] *= alpha;
+        o[j][2 * i + 1] *= alpha;
+      }
     }
-#pragma unroll
-    for (int j = 0; j < C::kOTiles; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
-    }
-    __syncthreads();
 
     // O += P V, V = the first 512 dims of the tile, read transposed.
     if (group_active) {
@@ -358,16 +456,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
       for (int kt = 0; kt < kDecodeTileTokens / 16; ++kt) {
         uint32_t a[4];
         ldsm_x4(a, s_p + swz(rg * 16 + (lane & 15), kt * 2 + (lane >> 4), 8));
-        const int v_row = kt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        // Columns 0-7 and 8-15 of this A fragment come from the slabs of
+        // warps c_lo and c_hi: bring each to the group's maximum.
+        const int c_lo = kt * 16 / C::kTokPerWarp, c_hi = (kt * 16 + 8) / C::kTokPerWarp;
+        float f[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float m_lo = red_row[c_lo * 16 + 8 * i], m_hi = red_row[c_hi * 16 + 8 * i];
+          f[0][i] = m_lo == -INFINITY ? 0.f : fast_exp2(m_lo - m_use[i]);
+          f[1][i] = m_hi == -INFINITY ? 0.f : fast_exp2(m_hi - m_use[i]);
+        }
+        a[0] = scale2<kBf16>(a[0], f[0][0]);
+        a[1] = scale2<kBf16>(a[1], f[0][1]);
+        a[2] = scale2<kBf16>(a[2], f[1][0]);
+        a[3] = scale2<kBf16>(a[3], f[1][1]);
+        const uint32_t kv_v = kt < 2 ? kv0 : kv1;
+        const int v_row = (kt & 1) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
         for (int j = 0; j < C::kOTiles; j += 2) {
           uint32_t b[4];
-          ldsm_x4_trans(b, kv + swz(v_row, (cs * C::kColsPerWarp + j * 8) / 8 + (lane >> 4), kChunks));
+          ldsm_x4_trans(b, kv_v + swz(v_row, (cs * C::kColsPerWarp + j * 8) / 8 + (lane >> 4), kChunks));
           mma16816<kBf16>(o[j], a, b[0], b[1]);
           mma16816<kBf16>(o[j + 1], a, b[2], b[3]);
         }
       }
     }
+    slot0 = slot0 + 2 >= R ? slot0 + 2 - R : slot0 + 2;
   }
 
   cp_async_wait_all();  // the query copy is still in flight when the item has no KV tile
@@ -521,15 +635,26 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
 }
 
 // ---------------------------------------------------------------------------
-// Combine: one 32-lane group per query row of a split request; each lane owns
-// 16 of the 512 columns as four float4 loads per partial (coalesced 512 B).
+// Combine: 128 threads per query row of a split request, each owning 4 of
+// the 512 columns (one float4 per partial, 2 KB coalesced per row), loads of
+// four partials in flight at a time: a b=8 batch has only 8 * 16 rows, and
+// the old 32 lanes per row walked 16 partials one latency at a time.
 // Requests without partials are left alone, except those with no KV, whose
 // zeros and -inf LSE are written here as well as by their (empty) work item,
 // so a schedule that gives them no item still produces defined output.
-constexpr int kCombineRows = kThreads / 32;
+constexpr int kCombineThreadsPerRow = kCkvDim / 4;
+// Launch the combine as a programmatic dependent of the decode kernel on
+// sm_90+ (see launch_typed); false falls back to a plain stream-ordered launch.
+constexpr bool kCombinePdl = true;
+constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;
 
 template <bool kBf16, class Idx>
 __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const DecodeParams<Idx> p) {
+#if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel (sm_90+): wait
+  // for its writes here, after this kernel's launch has overlapped its tail.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int64_t b = blockIdx.x;
   const int32_t* md = p.metadata;
   int64_t batch = md[kHdrBatch];
@@ -545,46 +670,41 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   const int H = p.num_heads;
   const int64_t rows = (qo_end - qo_begin) * H;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * kCombineRows + (threadIdx.x >> 5);
+  const int col = threadIdx.x % kCombineThreadsPerRow;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kCombineRows + threadIdx.x / kCombineThreadsPerRow;
   const bool merge = last > first;
   if (row >= rows || (merge && row >= rows_cap) || (!merge && kv_len > 0)) return;
 
-  float acc[16] = {};
+  // Partials outside the workspace (a schedule bug) are skipped, never read.
+  const int64_t lo = first > 0 ? first : 0, hi = last < p.max_work ? last : p.max_work;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float mx = -INFINITY, wsum = 0.f;
   if (merge) {
-    for (int64_t i = first; i < last; ++i)
-      if (i >= 0 && i < p.max_work) mx = fmaxf(mx, p.partial_lse[i * rows_cap + row]);
+    for (int64_t i = lo; i < hi; ++i) mx = fmaxf(mx, p.partial_lse[i * rows_cap + row]);
     if (mx != -INFINITY) {
-      for (int64_t i = first; i < last; ++i) {
-        if (i < 0 || i >= p.max_work) continue;
+#pragma unroll 4
+      for (int64_t i = lo; i < hi; ++i) {
         const float w = exp2f(p.partial_lse[i * rows_cap + row] - mx);
         wsum += w;
-        const float4* src = reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float4 v = src[lane + 32 * k];
-          acc[4 * k] += w * v.x;
-          acc[4 * k + 1] += w * v.y;
-          acc[4 * k + 2] += w * v.z;
-          acc[4 * k + 3] += w * v.w;
-        }
+        const float4 v = reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim)[col];
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
       }
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   const int64_t t = row / H, h = row % H;
   uint16_t* dst = static_cast<uint16_t*>(p.out) + (qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    uint16_t v[4];
-    for (int e = 0; e < 4; ++e) v[e] = kBf16 ? float_to_bf16(acc[4 * k + e] * inv) : float_to_f16(acc[4 * k + e] * inv);
-    uint2 packed;
-    packed.x = static_cast<uint32_t>(v[0]) | (static_cast<uint32_t>(v[1]) << 16);
-    packed.y = static_cast<uint32_t>(v[2]) | (static_cast<uint32_t>(v[3]) << 16);
-    *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * k)) = packed;
-  }
-  if (p.lse && lane == 0)
+  const float r[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
+  uint16_t v[4];
+  for (int e = 0; e < 4; ++e) v[e] = kBf16 ? float_to_bf16(r[e]) : float_to_f16(r[e]);
+  uint2 packed;
+  packed.x = static_cast<uint32_t>(v[0]) | (static_cast<uint32_t>(v[1]) << 16);
+  packed.y = static_cast<uint32_t>(v[2]) | (static_cast<uint32_t>(v[3]) << 16);
+  *reinterpret_cast<uint2*>(dst + 4 * col) = packed;
+  if (p.lse && col == 0)
     p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = wsum > 0.f ? mx + log2f(wsum) : -INFINITY;
 }
 
@@ -626,7 +746,31 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
   const int64_t batch = p.batch < p.max_batch ? p.batch : p.max_batch;
   if (batch > 0) {
     const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>((rows_cap + kCombineRows - 1) / kCombineRows));
-    mla_decode_combine_kernel<kBf16, Idx><<<grid, kThreads, 0, stream>>>(p);
+    auto combine = mla_decode_combine_kernel<kBf16, Idx>;
+#if defined(MLACORE_GPU_CUDA)
+    // Programmatic dependent launch: the combine's launch overlaps the decode
+    // kernel's tail instead of following it (a few us of a ~100 us decode).
+    // Only when the combine that will run was compiled for sm_90+, so it
+    // carries the griddepcontrol.wait that orders it after the decode.
+    cudaFuncAttributes attr{};
+    if (kCombinePdl)
+      gpu::check(cudaFuncGetAttributes(&attr, combine), "cudaFuncGetAttributes(mla_decode_combine_kernel)");
+    if (kCombinePdl && attr.binaryVersion >= 90) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = 0;
+      cfg.stream = stream;
+      cudaLaunchAttribute pdl[1];
+      pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      pdl[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = pdl;
+      cfg.numAttrs = 1;
+      gpu::check(cudaLaunchKernelEx(&cfg, combine, p), "mla_decode_combine_kernel");
+      return;
+    }
+#endif
+    combine<<<grid, kThreads, 0, stream>>>(p);
     gpu::check_launch("mla_decode_combine_kernel");
   }
 }
