@@ -13,6 +13,7 @@ import torch
 import mlacore
 from mlacore import _decode, _mlacore
 
+from _schedule import host_schedule
 from conftest import requires_cuda
 
 LOG2E = 1.0 / math.log(2.0)
@@ -154,11 +155,11 @@ def test_cpu_adjacent_and_separate_caches_are_bitwise_equal(page_size):
 
 
 def forced_schedule_decode(d, chunk_tokens, causal=True, sm_scale=0.1, max_qo_len=None, extra_work=0):
-    md, max_batch, max_work, max_qo = _decode._host_schedule(
+    md, max_batch, max_work, max_qo = host_schedule(
         d["qo_indptr"].cpu(), d["kv_len"].cpu(), d["page_size"], d["heads"], chunk_tokens=chunk_tokens)
     if extra_work:
         # Same schedule with spare padding items: capacity larger than the use.
-        md, max_batch, max_work, max_qo = _decode._host_schedule(
+        md, max_batch, max_work, max_qo = host_schedule(
             d["qo_indptr"].cpu(), d["kv_len"].cpu(), d["page_size"], d["heads"], chunk_tokens=chunk_tokens,
             max_work=max_work + extra_work)
     max_qo = max_qo_len or max_qo
@@ -167,7 +168,7 @@ def forced_schedule_decode(d, chunk_tokens, causal=True, sm_scale=0.1, max_qo_le
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                        d["qo_indptr"], d["kv_len"], md.to(dev), ws, out, lse, max_batch, max_work, max_qo,
+                        d["qo_indptr"], d["kv_len"], md.to(dev), ws, out, lse, max_batch, max_work, max_qo, max_work,
                         d["page_size"], sm_scale, causal)
     return out, lse, md
 
@@ -284,13 +285,13 @@ def test_validation_errors_name_the_argument():
 
 def test_workspace_too_small_says_how_many_bytes():
     d = make_batch([300, 300], [2, 2], 16, 16, torch.bfloat16, "cpu")
-    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"], d["kv_len"], 16, 16, chunk_tokens=64)
+    md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 16, chunk_tokens=64)
     need = _decode.workspace_bytes(mb, mw, mq, 16)
     assert need == mw * mq * 16 * 513 * 4
     ws = torch.empty(need - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match=f"at least {need} bytes"):
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                            d["qo_indptr"], d["kv_len"], md, ws, torch.empty_like(d["q_nope"]), None, mb, mw, mq,
+                            d["qo_indptr"], d["kv_len"], md, ws, torch.empty_like(d["q_nope"]), None, mb, mw, mq, mw,
                             16, 0.1, True)
     w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8))
     with pytest.raises(ValueError, match="float_workspace_buffer: expected at least"):
@@ -300,12 +301,12 @@ def test_workspace_too_small_says_how_many_bytes():
 
 def test_metadata_of_wrong_size_is_rejected():
     d = make_batch([20], [1], 16, 4, torch.bfloat16, "cpu")
-    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"], d["kv_len"], 16, 4)
+    md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 4)
     ws = torch.empty(1 << 20, dtype=torch.uint8)
     with pytest.raises(ValueError, match="metadata"):
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
                             d["qo_indptr"], d["kv_len"], md[:-4], ws, torch.empty_like(d["q_nope"]), None, mb, mw,
-                            mq, 16, 0.1, True)
+                            mq, mw, 16, 0.1, True)
 
 
 # --- GPU -------------------------------------------------------------------
@@ -337,12 +338,12 @@ def test_gpu_forced_splits_and_bad_pages(chunk, backend_portable):
     idx[3] = -1
     idx[10] = 10 ** 6
     d["kv_indices"] = idx
-    md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 16, 16, chunk_tokens=chunk)
+    md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 16, 16, chunk_tokens=chunk)
     ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, 16), dtype=torch.uint8, device="cuda")
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
-                        d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, 16, 0.1, True, backend_portable)
+                        d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, 16, 0.1, True, backend_portable)
     torch.cuda.synchronize()
     err = check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what=f"chunk={chunk} portable={backend_portable}")
     print(f"forced chunk={chunk} portable={backend_portable}: max err {err:.3e}")
@@ -365,11 +366,11 @@ def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
     if chunk is None:
         (out, lse), _ = run_wrapper(d, causal=False, sm_scale=scale)
     else:
-        md, mb, mw, mq = _decode._host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads,
+        md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads,
                                                 chunk_tokens=chunk)
         ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, heads), dtype=torch.uint8, device="cuda")
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, page_size, scale, False,
+                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, page_size, scale, False,
                             False)
     torch.cuda.synchronize()
     err = check(d, out, lse, scale, False, atol=2e-2, lse_atol=2e-2,

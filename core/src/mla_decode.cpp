@@ -60,7 +60,7 @@ void cpu_work_item(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, 
   const int64_t H = p.num_heads;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
   const bool to_partial = item.partial >= 0;
-  if (to_partial && item.partial >= p.max_work) return;  // outside the workspace: a schedule bug, never a write
+  if (to_partial && item.partial >= p.max_partials) return;  // outside the workspace: never a write
 
   const int64_t begin = std::max<int64_t>(item.kv_begin, 0);
   const int64_t end = std::min<int64_t>(item.kv_end, kv_len);
@@ -147,12 +147,12 @@ void cpu_combine(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, in
     for (int64_t r = 0; r < std::min(qo_len * H, rows_cap); ++r) {
       float mx = neg_inf;
       for (int64_t i = first; i < last; ++i)
-        if (i >= 0 && i < p.max_work) mx = std::max(mx, p.partial_lse[i * rows_cap + r]);
+        if (i >= 0 && i < p.max_partials) mx = std::max(mx, p.partial_lse[i * rows_cap + r]);
       std::fill(o.begin(), o.end(), 0.f);
       float wsum = 0.f;
       if (mx != neg_inf) {
         for (int64_t i = first; i < last; ++i) {
-          if (i < 0 || i >= p.max_work) continue;
+          if (i < 0 || i >= p.max_partials) continue;
           const float w = std::exp2(p.partial_lse[i * rows_cap + r] - mx);
           wsum += w;
           const float* src = p.partial_o + (i * rows_cap + r) * kCkvDim;
@@ -239,9 +239,10 @@ void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& 
   p.max_batch = dims.max_batch;
   p.max_work = dims.max_work;
   p.max_qo_len = dims.max_qo_len;
+  p.max_partials = dims.max_partials;
   const int64_t H = qn.size(1);
   p.partial_o = ws.ptr<float>();
-  p.partial_lse = p.partial_o + dims.max_work * decode_partial_rows(dims.max_qo_len, H) * kCkvDim;
+  p.partial_lse = p.partial_o + dims.max_partials * decode_partial_rows(dims.max_qo_len, H) * kCkvDim;
   p.num_heads = static_cast<int>(H);
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   p.causal = causal;
@@ -303,6 +304,8 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   if (dims.max_batch < 1 || dims.max_work < 1 || dims.max_qo_len < 1)
     value_error("dims: expected max_batch, max_work and max_qo_len >= 1, got ", dims.max_batch, ", ", dims.max_work,
                 ", ", dims.max_qo_len);
+  if (dims.max_partials < 1 || dims.max_partials > dims.max_work)
+    value_error("dims: expected max_partials in [1, max_work=", dims.max_work, "], got ", dims.max_partials);
   const int64_t md_len = ScheduleLayout{dims.max_batch, dims.max_work}.total();
   md.expect_index_vector(md_len, "ScheduleLayout{max_batch, max_work}.total()");
   md.expect_dtype({DType::I32});
@@ -314,7 +317,7 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   const int64_t ws_needed = mlacore_mla_decode_workspace_bytes(dims, H);
   const int64_t ws_bytes = ws.numel() * itemsize(ws.dtype());
   if (ws_bytes < ws_needed)
-    value_error("workspace: expected at least ", ws_needed, " bytes (max_work=", dims.max_work,
+    value_error("workspace: expected at least ", ws_needed, " bytes (max_partials=", dims.max_partials,
                 " x max_qo_len=", dims.max_qo_len, " x heads=", H, " rows of 512 fp32 + LSE), got ", ws_bytes,
                 " bytes (", ws.describe(), ")");
   if ((reinterpret_cast<uintptr_t>(ws.data()) & 15u) != 0)
@@ -378,10 +381,10 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
 extern "C" {
 
 MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads) {
-  if (dims.max_work < 0 || dims.max_qo_len < 0 || num_heads < 0) return -1;
+  if (dims.max_partials < 0 || dims.max_qo_len < 0 || num_heads < 0) return -1;
   // fp32 partial outputs then their LSEs; the LSE block starts 16-byte aligned
   // because the output block is a multiple of 512 floats.
-  return dims.max_work * mlacore::decode_partial_rows(dims.max_qo_len, num_heads) * (mlacore::kCkvDim + 1) *
+  return dims.max_partials * mlacore::decode_partial_rows(dims.max_qo_len, num_heads) * (mlacore::kCkvDim + 1) *
          static_cast<int64_t>(sizeof(float));
 }
 

@@ -65,7 +65,7 @@ __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
   v.begin = it[1] > 0 ? it[1] : 0;
   v.end = it[2] < v.kv_len ? it[2] : v.kv_len;
   v.partial = it[3];
-  if (v.partial >= p.max_work) return v;
+  if (v.partial >= p.max_partials) return v;
   v.ok = true;
   return v;
 }
@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   if (row >= rows || (merge && row >= rows_cap) || (!merge && kv_len > 0)) return;
 
   // Partials outside the workspace (a schedule bug) are skipped, never read.
-  const int64_t lo = first > 0 ? first : 0, hi = last < p.max_work ? last : p.max_work;
+  const int64_t lo = first > 0 ? first : 0, hi = last < p.max_partials ? last : p.max_partials;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float mx = -INFINITY, wsum = 0.f;
   if (merge) {

@@ -39,9 +39,9 @@ struct DecodeParams {
   int device;
 
   const int32_t* metadata;  // ScheduleLayout{max_batch, max_work}
-  int64_t max_batch, max_work, max_qo_len;
-  float* partial_o;    // [max_work, max_qo_len * H, 512]
-  float* partial_lse;  // [max_work, max_qo_len * H]
+  int64_t max_batch, max_work, max_qo_len, max_partials;
+  float* partial_o;    // [max_partials, max_qo_len * H, 512]
+  float* partial_lse;  // [max_partials, max_qo_len * H]
 
   int num_heads;
   float scale_log2;  // sm_scale * log2(e): scores go straight into exp2

@@ -8,109 +8,43 @@ strides, so the two halves of a [P, S, 576] buffer and two separate caches
 both run without a copy.
 """
 
-import math
-
 import torch
 
 from . import _mlacore
 
 _HEAD_DIM_CKV = 512
 _HEAD_DIM_KPE = 64
-_TILE_TOKENS = 64  # kDecodeTileTokens (core/src/decode_schedule.h)
-_HDR_SIZE = 8
 
 
-def _layout(max_batch, max_work):
-    """Offsets of ScheduleLayout (core/src/decode_schedule.h): last_page_len, split_indptr, work, total."""
-    last_page_len = _HDR_SIZE
-    split_indptr = last_page_len + max_batch
-    work = (split_indptr + max_batch + 1 + 3) // 4 * 4
-    return last_page_len, split_indptr, work, work + 4 * max_work
-
-
-def _host_schedule(qo_indptr, kv_len, page_size, num_heads, max_batch=None, max_work=None, chunk_tokens=None,
-                   num_sms=132):
-    """A plain host schedule in the layout of decode_schedule.h, int32 on the CPU.
-
-    Splits every request into chunks of `chunk_tokens` (a multiple of 64;
-    default: the total KV spread over `num_sms`). Used by tests to force
-    particular splits, and by plan() only when mlacore.MlaPlan is absent.
-    Returns (metadata, max_batch, max_work, max_qo_len).
-    """
-    qo = [int(x) for x in torch.as_tensor(qo_indptr).tolist()]
-    lens = [int(x) for x in torch.as_tensor(kv_len).tolist()]
-    batch = len(lens)
-    tiles = [-(-n // _TILE_TOKENS) for n in lens]
-    if chunk_tokens is None:
-        chunk = max(1, -(-sum(tiles) // max(num_sms, 1)))
-        chunk_tokens = min(chunk, max(tiles + [1])) * _TILE_TOKENS
-    if chunk_tokens <= 0 or chunk_tokens % _TILE_TOKENS:
-        raise ValueError(f"chunk_tokens: expected a positive multiple of {_TILE_TOKENS}, got {chunk_tokens}")
-    splits = [max(1, -(-n // chunk_tokens)) for n in lens]
-    max_batch = max(batch, 1) if max_batch is None else max_batch
-    max_work = max(sum(splits), 1) if max_work is None else max_work
-    if max_batch < batch or max_work < sum(splits):
-        raise ValueError(f"capacity too small: batch {batch} > {max_batch} or work {sum(splits)} > {max_work}")
-    lpl_off, split_off, work_off, total = _layout(max_batch, max_work)
-    md = [0] * total
-    items, partials = [], 0
-    for b in range(batch):
-        md[split_off + b] = partials
-        pages = -(-lens[b] // page_size)
-        md[lpl_off + b] = lens[b] - (pages - 1) * page_size if lens[b] > 0 else 0
-        for i in range(splits[b]):
-            begin, end = i * chunk_tokens, min((i + 1) * chunk_tokens, lens[b])
-            items.append((b, begin, max(end, begin), partials + i if splits[b] > 1 else -1))
-        if splits[b] > 1:
-            partials += splits[b]
-    for b in range(batch, max_batch + 1):
-        md[split_off + b] = partials
-    for w in range(max_work):
-        md[work_off + 4 * w: work_off + 4 * w + 4] = items[w] if w < len(items) else (-1, 0, 0, -1)
-    max_qo = max([qo[b + 1] - qo[b] for b in range(batch)] + [1])
-    md[0:8] = [len(items), partials, batch, max_qo, max(lens + [0]), chunk_tokens, qo[batch] if batch else 0, 0]
-    return torch.tensor(md, dtype=torch.int32), max_batch, max_work, max_qo
-
-
-def workspace_bytes(max_batch, max_work, max_qo_len, num_heads):
-    """Bytes of float workspace a decode with these capacities needs (fp32 partials + LSE)."""
-    return _mlacore.mla_decode_workspace_bytes(max_batch, max_work, max_qo_len, num_heads)
+def workspace_bytes(max_batch, max_work, max_qo_len, num_heads, max_partials=None):
+    """Bytes of float workspace a decode needs: fp32 partial rows + LSE for
+    `max_partials` partials (default: max_work, enough for any schedule of that capacity)."""
+    return _mlacore.mla_decode_workspace_bytes(max_batch, max_work, max_qo_len,
+                                               max_work if max_partials is None else max_partials, num_heads)
 
 
 # --- the core call, eager and as a torch custom op -------------------------
 
 def _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
-                 max_batch, max_work, max_qo_len, page_size, sm_scale, causal, portable):
+                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable):
     _mlacore.mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out,
-                        lse, max_batch, max_work, max_qo_len, page_size, sm_scale, causal, portable)
+                        lse, max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable)
 
 
 @torch.library.custom_op("mlacore::mla_decode", mutates_args=("out", "lse"))
 def _decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
                kv_indices: torch.Tensor, kv_indptr: torch.Tensor, qo_indptr: torch.Tensor, kv_len: torch.Tensor,
                metadata: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-               max_batch: int, max_work: int, max_qo_len: int, page_size: int, sm_scale: float, causal: bool,
-               portable: bool) -> None:
+               max_batch: int, max_work: int, max_qo_len: int, max_partials: int, page_size: int, sm_scale: float,
+               causal: bool, portable: bool) -> None:
     _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
-                 max_batch, max_work, max_qo_len, page_size, sm_scale, causal, portable)
+                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable)
 
 
 @_decode_op.register_fake
 def _(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse, max_batch,
-      max_work, max_qo_len, page_size, sm_scale, causal, portable):
+      max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable):
     return None
-
-
-def _field(obj, name):
-    if isinstance(obj, dict):
-        return obj[name]
-    return getattr(obj, name)
-
-
-def _num_sms(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # CPU runs the schedule a GPU of this size would get, so the split path is exercised
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -141,7 +75,7 @@ class BatchMLAPagedAttentionWrapper:
         self._use_cuda_graph = bool(use_cuda_graph)
         self._portable = backend == "portable"
         self._buffers = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
-        self._capacity = None  # (max_batch, max_work, max_qo_len) once fixed
+        self._capacity = None  # (max_batch, max_work, max_qo_len, max_partials) once fixed
         self._plan = None
         self._metadata = None
         self._planned = False
@@ -188,61 +122,49 @@ class BatchMLAPagedAttentionWrapper:
         self._sm_scale = float(sm_scale)
         self._dtype = q_data_type
         self._build_schedule(qo_indptr, kv_indptr, kv_len_arr, batch)
-        need = workspace_bytes(*self._capacity, self._num_heads)
+        max_batch, max_work, max_qo, max_partials = self._capacity
+        need = workspace_bytes(max_batch, max_work, max_qo, self._num_heads, max_partials)
         have = self._workspace.numel() * self._workspace.element_size()
         if have < need:
-            raise ValueError(f"float_workspace_buffer: expected at least {need} bytes for max_work="
-                             f"{self._capacity[1]} x max_qo_len={self._capacity[2]} x heads={self._num_heads} "
-                             f"fp32 partial rows, got {have} bytes")
+            raise ValueError(f"float_workspace_buffer: expected at least {need} bytes for {max_partials} partials x "
+                             f"max_qo_len={max_qo} x heads={self._num_heads} fp32 rows, got {have} bytes")
         self._planned = True
 
     def _build_schedule(self, qo_indptr, kv_indptr, kv_len_arr, batch):
-        import mlacore
+        from ._plan import MlaPlan
 
-        plan_cls = getattr(mlacore, "MlaPlan", None)
         on_device = qo_indptr.device.type != "cpu"
         if self._capacity is not None and self._use_cuda_graph:
-            max_batch, max_work, max_qo_cap = self._capacity
+            max_batch, max_work, max_qo_cap, _ = self._capacity
             if batch > max_batch:
                 raise ValueError(f"qo_indptr: batch {batch} exceeds the CUDA-graph capacity {max_batch} fixed by "
                                  "the first plan()")
         else:
             max_batch = max(batch, self._graph_max_batch or 0, 1)
-            max_work, max_qo_cap = None, None
+            max_qo_cap = None
 
-        if plan_cls is not None:
-            if self._plan is None or (not self._use_cuda_graph and _field(self._plan, "max_batch") < max_batch):
-                self._plan = plan_cls(self._device, max_batch=max_batch)
-                self._metadata = None
-            plan = self._plan
-            if self._use_cuda_graph and self._capacity is not None and on_device:
-                plan.build_device(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
-                max_qo = max_qo_cap
-            else:
-                plan.build(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
-                max_qo = max(int(_field(plan.info, "max_qo_len")), 1)
-            metadata = plan.metadata
-            max_batch, max_work = int(_field(plan, "max_batch")), int(_field(plan, "max_work"))
+        if self._plan is None or (not self._use_cuda_graph and self._plan.max_batch < max_batch):
+            self._plan = MlaPlan(self._device, max_batch=max_batch)
+        plan = self._plan
+        if self._use_cuda_graph and self._capacity is not None and on_device:
+            plan.build_device(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
+            max_qo = max_qo_cap
         else:
-            md, max_batch, max_work, max_qo = _host_schedule(
-                qo_indptr.cpu(), kv_len_arr.cpu(), self._page_size, self._num_heads, max_batch=max_batch,
-                max_work=max_work if max_work is not None else max_batch + _num_sms(self._device),
-                num_sms=_num_sms(self._device))
-            if self._metadata is not None and self._metadata.numel() == md.numel():
-                self._metadata.copy_(md, non_blocking=True)
-            else:
-                self._metadata = md.to(self._device)
-            metadata = self._metadata
+            plan.build(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
+            max_qo = max(plan.info.max_qo_len, 1)
+        max_batch, max_work = plan.max_batch, plan.max_work
 
         if self._use_cuda_graph:
+            # Replays may bring any schedule of this capacity: room for max_work partials.
             if self._capacity is None:
-                self._capacity = (max_batch, max_work, max_qo)
+                self._capacity = (max_batch, max_work, max_qo, max_work)
             elif max_qo > self._capacity[2]:
                 raise ValueError(f"qo_indptr: a request with {max_qo} query tokens exceeds the CUDA-graph capacity "
                                  f"{self._capacity[2]} fixed by the first plan()")
         else:
-            self._capacity = (max_batch, max_work, max_qo)
-        self._md = metadata
+            # One schedule: the workspace needs room for its partials only.
+            self._capacity = (max_batch, max_work, max_qo, max(plan.info.num_partials, 1))
+        self._md = plan.metadata
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, profiler_buffer=None,
             kv_len=None, page_table=None):

@@ -81,7 +81,7 @@ int main() {
   for (int w = 0; w < 5; ++w)
     for (int k = 0; k < 4; ++k) md[work_off + 4 * w + k] = items[w][k];
 
-  const mlacore_decode_dims dims{max_batch, max_work_cap, max_qo_len};
+  const mlacore_decode_dims dims{max_batch, max_work_cap, max_qo_len, /*max_partials=*/2};
   std::vector<unsigned char> ws(mlacore::mla_decode_workspace_bytes(dims, H) + 16);
   // 16-byte aligned view of the workspace
   unsigned char* ws_ptr = ws.data() + ((16 - reinterpret_cast<uintptr_t>(ws.data()) % 16) % 16);

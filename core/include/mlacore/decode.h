@@ -18,8 +18,12 @@ extern "C" {
  * workspace, so under CUDA graphs they stay fixed while the metadata changes. */
 typedef struct mlacore_decode_dims {
   int64_t max_batch;  /* ScheduleLayout::max_batch of `metadata` */
-  int64_t max_work;   /* ScheduleLayout::max_work; also bounds the partial count */
+  int64_t max_work;   /* ScheduleLayout::max_work */
   int64_t max_qo_len; /* largest qo_len of any request this schedule may hold */
+  /* Partial outputs the workspace holds, 1..max_work: the plan's partial count
+   * for one schedule, or max_work when the schedule may change under a CUDA
+   * graph. A work item whose partial index is past it writes nothing. */
+  int64_t max_partials;
 } mlacore_decode_dims;
 
 /* flags */
