@@ -624,6 +624,29 @@ def test_gpu_large_append_matches_reference(page_size):
 
 
 @requires_cuda
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_gpu_many_batches_per_block(index_dtype):
+    # The kernel's grid is the blocks resident at once (a few hundred on any
+    # current GPU), so 300k tokens give every block several batches of
+    # lookups, the last one partial; 10 and 32 accesses per row (MLA 64+16,
+    # HND K/V of 2 heads of 64) are no power of two and take both the flat and
+    # the segmented copy; skipped tokens land in different batches, and
+    # positions of 2^32 and more take the kernel's 64-bit division.
+    n = 300_001
+    new = [n // 7 + (1 if b < n % 7 else 0) for b in range(7)]
+    table = with_bad_tokens(Table(old=[3] * 7, new=new, page_size=16, seed=9, index_dtype=index_dtype))
+    if index_dtype == torch.int64:
+        pos = table.positions.clone()
+        pos[n // 5] = 2**33 + 5
+        pos[2 * n // 3] = 2**40
+        table.positions = pos
+    whole, expect = run_mla(table, "split", torch.bfloat16, device="cuda", dims=(64, 16))
+    assert_same(whole, expect)
+    whole, expect = run_kv(table, "tuple", "HND", torch.bfloat16, heads=2, dim=64, device="cuda")
+    assert_same(whole, expect)
+
+
+@requires_cuda
 def test_gpu_strict_raises_and_writes_nothing():
     table = Table(old=[0, 20], new=[4, 4], page_size=16)
     table.positions = table.positions.clone()
