@@ -218,6 +218,15 @@ def test_metadata_is_fully_rewritten():
     assert torch.equal(plan.metadata, first)
 
 
+def test_rejected_batch_leaves_the_metadata_unchanged():
+    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
+    plan.build(*_good(), 64, 16)
+    first = plan.metadata.clone()
+    with pytest.raises(ValueError, match="request 1"):
+        plan.build(*tensors([0, 1, 2], [0, 1, 3], [10, 300]), 64, 16)
+    assert torch.equal(plan.metadata, first)
+
+
 def test_strided_inputs():
     qo, kv, kv_len = [0, 1, 3], [0, 2, 4], [100, 65]
     ref = mlacore.MlaPlan("cpu", max_batch=4, num_sms=8)
@@ -227,6 +236,41 @@ def test_strided_inputs():
     assert wide[0].stride(0) == 3
     plan.build(*wide, 64, 16)
     assert torch.equal(plan.metadata, ref.metadata)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mixed_widths_and_strides_match_the_reference(seed):
+    # One dtype for all three contiguous vectors takes a specialised path in
+    # the core; mixed widths and strides take the generic one. Both must give
+    # the reference schedule.
+    rng = random.Random(100 + seed)
+    B = rng.choice([1, 5, 40, 130])
+    page_size = rng.choice([1, 16, 64])
+    qo, kv, kv_len = random_batch(rng, B, page_size, max_qo=3, max_kv=rng.choice([300, 20000, 200000]))
+    want = reference(qo, kv, kv_len, page_size, 16, 132, B, mlacore.default_max_work(B, 132))
+    for dtypes, stride in [((torch.int32, torch.int64, torch.int32), 1), ((torch.int64,) * 3, 2),
+                           ((torch.int32,) * 3, 3), ((torch.int64, torch.int32, torch.int64), 1)]:
+        args = [torch.tensor(x, dtype=d).repeat_interleave(stride)[::stride] for x, d in zip((qo, kv, kv_len), dtypes)]
+        plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
+        plan.build(*args, page_size, 16)
+        assert plan.metadata.tolist() == want, (dtypes, stride)
+
+
+@pytest.mark.parametrize("kv,kv_len,pages", [
+    ([0, 3], [128], 3), ([0, 1], [128], 1), ([0, 1], [0], 1), ([0, 0], [1], 0), ([0, 2], [129], 2),
+])
+def test_page_count_mismatch_is_named(kv, kv_len, pages):
+    plan = mlacore.MlaPlan("cpu", max_batch=2, num_sms=4)
+    need = cdiv(kv_len[0], 64)
+    with pytest.raises(ValueError, match=f"needs ceil\\({kv_len[0]}/page_size 64\\)={need} pages, but kv_indptr "
+                                         f"gives it {pages}"):
+        plan.build(*tensors([0, 1], kv, kv_len), 64, 16)
+
+
+def test_page_counts_at_the_boundaries_are_accepted():
+    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
+    plan.build(*tensors([0, 1, 2, 3, 4], [0, 1, 2, 4, 4], [64, 1, 65, 0]), 64, 16)
+    assert plan.kv_last_page_len.tolist() == [64, 1, 1, 0]
 
 
 def test_sizes_and_layout_helpers():
@@ -324,19 +368,58 @@ def test_gpu_device_inputs_match_host_inputs_with_one_round_trip(dtype):
 
 
 @requires_cuda
-def test_gpu_build_issues_a_single_device_to_host_copy():
+def test_gpu_build_is_one_pack_kernel_one_sync_and_one_upload():
+    # The pack kernel writes the inputs straight into the plan's mapped pinned
+    # buffer: no DtoH memcpy at all, one kernel, one stream sync, one HtoD.
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     _, dev = _cuda_batch(1, 64)
     plan.build(*dev, 64, 16)  # warm: staging allocated
     torch.cuda.synchronize()
+    before = plan.stats
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         plan.build(*dev, 64, 16)
         torch.cuda.synchronize()
+    after = plan.stats
     names = [e.name for e in prof.events()]
     d2h = [n for n in names if "DtoH" in n or "Device -> Pinned" in n or "Device -> Pageable" in n]
     h2d = [n for n in names if "HtoD" in n or "Pinned -> Device" in n]
-    assert len(d2h) == 1, names
+    packs = [n for n in names if "pack_inputs" in n]
+    assert d2h == [], names
     assert len(h2d) == 1, names
+    assert len(packs) == 1, names
+    assert after["stream_syncs"] - before["stream_syncs"] == 1
+    assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
+    assert after["pinned_allocations"] == 1 and after["staging"] == before["staging"]
+
+
+@requires_cuda
+def test_gpu_mixed_widths_and_strides_match_the_host():
+    # The pack kernel keeps each vector's own width; strided views are gathered.
+    raw, _ = _cuda_batch(7, 40, max_qo=3)
+    qo = torch.tensor(raw[0], dtype=torch.int64, device="cuda").repeat_interleave(2)[::2]
+    kv = torch.tensor(raw[1], dtype=torch.int32, device="cuda")
+    kv_len = torch.tensor(raw[2], dtype=torch.int64, device="cuda").repeat_interleave(3)[::3]
+    plan = mlacore.MlaPlan("cuda", max_batch=48)
+    plan.build(qo, kv, kv_len, 64, 16)
+    host = mlacore.MlaPlan("cpu", max_batch=48, num_sms=plan.num_sms)
+    host.build(*tensors(*raw), 64, 16)
+    assert torch.equal(plan.metadata.cpu(), host.metadata)
+
+
+@requires_cuda
+def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable():
+    plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
+    good = tensors([0, 1, 2], [0, 2, 3], [100, 10], "cuda")
+    plan.build(*good, 64, 16)
+    first = plan.metadata.clone()
+    with pytest.raises(ValueError, match="request 1"):
+        plan.build(*tensors([0, 1, 2], [0, 2, 3], [100, 200], "cuda"), 64, 16)
+    torch.cuda.synchronize()
+    # Inputs now travel through host memory only: a rejected batch never
+    # reaches the metadata tensor.
+    assert torch.equal(plan.metadata, first)
+    plan.build(*good, 64, 16)
+    assert torch.equal(plan.metadata, first)
 
 
 @requires_cuda

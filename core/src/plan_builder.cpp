@@ -4,7 +4,9 @@
 
 #include <mlacore/plan.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "dispatch.h"
 #include "error.h"
@@ -36,45 +38,218 @@ IndexView view_of(const Arg& a) {
   return IndexView{a.data(), a.stride(0), a.dtype() == DType::I64};
 }
 
-}  // namespace
+// floor(n / d) as one multiply, for a divisor shared by a whole pass over the
+// requests: a 64-bit idiv costs up to ~90 cycles on older Xeons, and one per
+// request per candidate chunk made the host schedule cost 4-5 us at batch 256
+// on the 2-core CI machine (it is on the latency path of every plan). With m = ceil(2^64 / d) and e = m*d - 2^64
+// (0 <= e < d), n*m / 2^64 = n/d + n*e / (d * 2^64), and the error term stays
+// below 1/d, so the floor is exact, whenever n*e < 2^64: true for n, d < 2^32.
+// The schedule only divides tile counts (kv_len <= 2^31-1 gives < 2^26 tiles).
+class Divider {
+ public:
+  Divider() = default;  // by 1
+  explicit Divider(int64_t d) : m_(d > 1 ? ~uint64_t{0} / static_cast<uint64_t>(d) + 1 : 0) {}
+  int64_t floor_div(int64_t n) const {
+    if (m_ == 0) return n;  // d == 1: ceil(2^64 / 1) does not fit
+    return static_cast<int64_t>((static_cast<unsigned __int128>(static_cast<uint64_t>(n)) * m_) >> 64);
+  }
+  // splits_of() of a valid request: an empty one still gets one item.
+  int64_t splits(int64_t kv_tiles) const { return floor_div(kv_tiles > 0 ? kv_tiles - 1 : 0) + 1; }
 
-void validate_schedule_inputs(const ScheduleInputs& in, const ScheduleLayout& layout) {
+ private:
+  uint64_t m_ = 0;
+};
+
+// request_shape()'s tile counts without its page-count division, which only
+// checks what scan_requests() has already checked.
+inline int64_t q_tiles_of(int64_t qo_len, int64_t num_heads) {
+  const int64_t q = ceil_div(qo_len * num_heads, kDecodeTileRows);
+  return q > 0 ? q : 1;
+}
+inline int64_t kv_tiles_of(int64_t kv_len) { return ceil_div(kv_len, kDecodeTileTokens); }
+
+// The messages for request b, in the order validate_schedule_inputs() has
+// always reported them. Only reached once the fast test below found a fault.
+[[noreturn]] __attribute__((noinline, cold)) void report_request(const ScheduleInputs& in, int64_t b) {
+  const int64_t q0 = in.qo_indptr[b], q1 = in.qo_indptr[b + 1];
+  const int64_t p0 = in.kv_indptr[b], p1 = in.kv_indptr[b + 1];
+  const int64_t len = in.kv_len[b];
+  if (q1 < q0)
+    value_error("qo_indptr: expected non-decreasing values, got qo_indptr[", b, "]=", q0, " > qo_indptr[", b + 1,
+                "]=", q1, " (request ", b, ")");
+  if (q1 > kMaxInt32) value_error("qo_indptr[", b + 1, "]=", q1, ": exceeds int32 (request ", b, ")");
+  if (p1 < p0)
+    value_error("kv_indptr: expected non-decreasing values, got kv_indptr[", b, "]=", p0, " > kv_indptr[", b + 1,
+                "]=", p1, " (request ", b, ")");
+  if (p1 > kMaxInt32) value_error("kv_indptr[", b + 1, "]=", p1, ": exceeds int32 (request ", b, ")");
+  if (len < 0 || len > kMaxInt32)
+    value_error("kv_len_arr[", b, "]: expected 0 <= kv_len <= 2^31-1, got ", len, " (request ", b, ")");
+  const int64_t need = ceil_div(len, in.page_size);
+  value_error("kv_len_arr[", b, "]=", len, ": request ", b, " needs ceil(", len, "/page_size ", in.page_size,
+              ")=", need, " pages, but kv_indptr gives it ", p1 - p0, " (kv_indptr[", b + 1, "]-kv_indptr[", b,
+              "])");
+}
+
+// Contiguous index vectors of one width, the common case (the GPU path's
+// packed copy, most host callers), read without IndexView's per-element width
+// test and stride multiply; the passes below are instantiated for these and
+// for IndexView (anything else).
+template <class T>
+struct Dense {
+  const T* p;
+  int64_t operator[](int64_t i) const { return p[i]; }
+};
+
+template <class V>
+struct Vectors {
+  V qo, kv, len;
+};
+
+template <class Fn>
+void with_vectors(const ScheduleInputs& in, Fn&& fn) {
+  const IndexView &q = in.qo_indptr, &k = in.kv_indptr, &l = in.kv_len;
+  const bool dense = q.stride == 1 && k.stride == 1 && l.stride == 1;
+  if (dense && !q.is64 && !k.is64 && !l.is64) {
+    fn(Vectors<Dense<int32_t>>{{static_cast<const int32_t*>(q.data)}, {static_cast<const int32_t*>(k.data)},
+                               {static_cast<const int32_t*>(l.data)}});
+  } else if (dense && q.is64 && k.is64 && l.is64) {
+    fn(Vectors<Dense<int64_t>>{{static_cast<const int64_t*>(q.data)}, {static_cast<const int64_t*>(k.data)},
+                               {static_cast<const int64_t*>(l.data)}});
+  } else {
+    fn(Vectors<IndexView>{q, k, l});
+  }
+}
+
+// The scalar checks of validate_schedule_inputs().
+void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
   const int64_t B = in.batch;
   if (B < 0 || B > layout.max_batch)
     value_error("qo_indptr: batch ", B, " exceeds the plan's max_batch=", layout.max_batch);
   if (in.page_size < 1) value_error("page_size: expected >= 1, got ", in.page_size);
   if (in.num_heads < 1) value_error("num_heads: expected >= 1, got ", in.num_heads);
   if (in.num_sms < 1) value_error("num_sms: expected >= 1, got ", in.num_sms);
+  // The C ABI passes both as int32; the bound keeps the products below in
+  // int64 for C++ callers too.
+  if (in.page_size > kMaxInt32) value_error("page_size: expected <= 2^31-1, got ", in.page_size);
+  if (in.num_heads > kMaxInt32) value_error("num_heads: expected <= 2^31-1, got ", in.num_heads);
   if (in.qo_indptr[0] != 0) value_error("qo_indptr: expected first element 0, got ", in.qo_indptr[0]);
   if (in.kv_indptr[0] != 0) value_error("kv_indptr: expected first element 0, got ", in.kv_indptr[0]);
-  // The same conditions request_shape() flags, so a validated batch never
-  // reaches the schedule with a skipped request.
+}
+
+// Validates every request (ValueError naming the first bad one) and returns
+// the totals build_schedule() reduces, in one pass that reads each input
+// element once and divides nothing: ceil(len / page_size) == pages is tested
+// as (pages - 1) * page_size < len <= pages * page_size, exact in int64
+// because both factors are below 2^31 by the time it is evaluated.
+template <class V>
+ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in) {
+  const int64_t B = in.batch, ps = in.page_size;
+  ScheduleTotals t;
+  int64_t q0 = 0, p0 = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t q0 = in.qo_indptr[b], q1 = in.qo_indptr[b + 1];
-    const int64_t p0 = in.kv_indptr[b], p1 = in.kv_indptr[b + 1];
-    const int64_t len = in.kv_len[b];
-    if (q1 < q0)
-      value_error("qo_indptr: expected non-decreasing values, got qo_indptr[", b, "]=", q0, " > qo_indptr[", b + 1,
-                  "]=", q1, " (request ", b, ")");
-    if (q1 > kMaxInt32) value_error("qo_indptr[", b + 1, "]=", q1, ": exceeds int32 (request ", b, ")");
-    if (p1 < p0)
-      value_error("kv_indptr: expected non-decreasing values, got kv_indptr[", b, "]=", p0, " > kv_indptr[", b + 1,
-                  "]=", p1, " (request ", b, ")");
-    if (p1 > kMaxInt32) value_error("kv_indptr[", b + 1, "]=", p1, ": exceeds int32 (request ", b, ")");
-    if (len < 0 || len > kMaxInt32)
-      value_error("kv_len_arr[", b, "]: expected 0 <= kv_len <= 2^31-1, got ", len, " (request ", b, ")");
-    const int64_t need = ceil_div(len, in.page_size);
-    if (need != p1 - p0)
-      value_error("kv_len_arr[", b, "]=", len, ": request ", b, " needs ceil(", len, "/page_size ", in.page_size,
-                  ")=", need, " pages, but kv_indptr gives it ", p1 - p0, " (kv_indptr[", b + 1, "]-kv_indptr[", b,
-                  "])");
+    const int64_t q1 = v.qo[b + 1], p1 = v.kv[b + 1], len = v.len[b];
+    const int64_t pages = p1 - p0;
+    // The same conditions request_shape() flags, so a validated batch never
+    // reaches the schedule with a skipped request.
+    if (q1 < q0 || q1 > kMaxInt32 || p1 < p0 || p1 > kMaxInt32 || len < 0 || len > kMaxInt32 ||
+        (len == 0 ? pages != 0 : pages < 1 || (pages - 1) * ps >= len || pages * ps < len))
+      report_request(in, b);
+    RequestShape r;
+    r.qo_len = q1 - q0;
+    r.kv_len = len;
+    r.q_tiles = q_tiles_of(r.qo_len, in.num_heads);
+    r.kv_tiles = kv_tiles_of(len);
+    t.add(r);
+    q0 = q1;
+    p0 = p1;
   }
+  return t;
+}
+
+// build_schedule() for one host thread on validated inputs, rewritten so that
+// a batch costs at most three tight passes and no division per request (see
+// Divider). It must stay bit-identical to build_schedule(SerialExec{}, ...),
+// which the device-only kernel runs too: same totals, same candidates and
+// choice (the shared helpers), same placement order, same padding.
+template <class V>
+void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
+                       const ScheduleTotals& t, int32_t* meta) {
+  const int64_t B = in.batch;
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t c_min = min_chunk_tiles(t, in.num_sms, layout.max_work);
+  int64_t chunk = no_split;
+  if (c_min < no_split) {
+    Divider by[kPlanCandidates];
+    for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, c_min, no_split));
+    CandidateCtas cand;
+    int64_t q0 = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t q1 = v.qo[b + 1];
+      const int64_t q_tiles = q_tiles_of(q1 - q0, in.num_heads), kv_tiles = kv_tiles_of(v.len[b]);
+      for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += q_tiles * by[i].splits(kv_tiles);
+      q0 = q1;
+    }
+    chunk = pick_chunk_tiles(cand, c_min, no_split, in.num_sms);
+  }
+  const int64_t chunk_tokens = chunk * kDecodeTileTokens;
+  const Divider by_chunk(chunk);
+
+  int32_t* last_page_len = meta + layout.last_page_len();
+  int32_t* split_indptr = meta + layout.split_indptr();
+  WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
+  int64_t num_work = 0, num_partials = 0, p0 = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t p1 = v.kv[b + 1], len = v.len[b];
+    const int64_t n = by_chunk.splits(kv_tiles_of(len));
+    last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
+    split_indptr[b] = static_cast<int32_t>(num_partials);
+    const int32_t partial0 = n > 1 ? static_cast<int32_t>(num_partials) : -1;
+    // Bounded like build_schedule(): a broken invariant loses work instead of
+    // writing past the buffer.
+    const int64_t fit = layout.max_work - num_work < n ? layout.max_work - num_work : n;
+    for (int64_t i = 0; i < fit; ++i) {
+      const int64_t begin = i * chunk_tokens;
+      const int64_t end = begin + chunk_tokens < len ? begin + chunk_tokens : len;
+      work[num_work + i] = WorkItem{static_cast<int32_t>(b), static_cast<int32_t>(begin),
+                                    static_cast<int32_t>(end), n > 1 ? partial0 + static_cast<int32_t>(i) : -1};
+    }
+    num_work += n;
+    num_partials += n > 1 ? n : 0;
+    p0 = p1;
+  }
+
+  for (int64_t b = B; b < layout.max_batch; ++b) last_page_len[b] = 0;
+  for (int64_t b = B; b <= layout.max_batch; ++b) split_indptr[b] = static_cast<int32_t>(num_partials);
+  for (int64_t i = layout.split_indptr() + layout.max_batch + 1; i < layout.work(); ++i) meta[i] = 0;
+  for (int64_t i = num_work; i < layout.max_work; ++i) work[i] = WorkItem{-1, 0, 0, -1};
+  meta[kHdrNumWork] = static_cast<int32_t>(num_work);
+  meta[kHdrNumPartials] = static_cast<int32_t>(num_partials);
+  meta[kHdrBatch] = static_cast<int32_t>(B);
+  meta[kHdrMaxQoLen] = static_cast<int32_t>(t.max_qo_len);
+  meta[kHdrMaxKvLen] = static_cast<int32_t>(t.max_kv_len);
+  meta[kHdrChunkTokens] = static_cast<int32_t>(chunk_tokens);
+  meta[kHdrTotalQo] = static_cast<int32_t>(v.qo[B]);
+  meta[kHdrError] = 0;
+}
+
+// Validation, then (when meta is given) the schedule: the host build.
+void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta) {
+  check_scalars(in, layout);
+  with_vectors(in, [&](const auto& v) {
+    const ScheduleTotals t = scan_requests(v, in);
+    if (meta != nullptr) schedule_requests(v, in, layout, t, meta);
+  });
+}
+
+}  // namespace
+
+void validate_schedule_inputs(const ScheduleInputs& in, const ScheduleLayout& layout) {
+  schedule_host(in, layout, nullptr);
 }
 
 void build_schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta) {
   check_capacity(layout.max_batch, layout.max_work);
-  validate_schedule_inputs(in, layout);
-  build_schedule(SerialExec{}, in, layout, meta);
+  schedule_host(in, layout, meta);
 }
 
 void build_schedule_host(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_len_arr,
@@ -162,8 +337,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   const Where meta_at = where_to_run(meta);
 
   if (inputs_at == Where::CPU && meta_at == Where::CPU) {
-    validate_schedule_inputs(in, layout_);
-    build_schedule(SerialExec{}, in, layout_, meta.ptr<int32_t>());
+    schedule_host(in, layout_, meta.ptr<int32_t>());
     record_info(meta.ptr<int32_t>());
     return;
   }
@@ -187,26 +361,26 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
 
   ScheduleInputs host_in = in;
   if (inputs_at == Where::GPU) {
-    // Packed into the metadata tensor itself (it is rewritten by the upload
-    // below, in stream order): the plan owns no device memory. It always
-    // fits: 3*(batch+1) int64 <= 8 + 2*max_batch + 1 + 4*max_work int32.
+    // The pack kernel writes the three vectors, at their own widths, straight
+    // into the mapped staging buffer past the schedule region: one launch and
+    // one synchronization are the whole round trip (no memcpy, no scratch).
+    // The previous upload reads only the schedule region, so no wait here.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
-    const int64_t bytes = off_len + in.batch * width(in.kv_len);
     const int64_t host_offset = align_up(layout_.total() * 4, 16);
-    plan_gpu::fetch_inputs(staging_, in, meta.data(), static_cast<size_t>(off_kv), static_cast<size_t>(off_len),
-                           static_cast<size_t>(bytes), static_cast<size_t>(host_offset), stream);
+    plan_gpu::fetch_inputs(staging_, in, static_cast<size_t>(host_offset), static_cast<size_t>(off_kv),
+                           static_cast<size_t>(off_len), stream);
     ++stats_.device_to_host;
     ++stats_.stream_syncs;
     host_in.qo_indptr = IndexView{host + host_offset, 1, in.qo_indptr.is64};
     host_in.kv_indptr = IndexView{host + host_offset + off_kv, 1, in.kv_indptr.is64};
     host_in.kv_len = IndexView{host + host_offset + off_len, 1, in.kv_len.is64};
   }
-  validate_schedule_inputs(host_in, layout_);
-  // The previous upload may still be reading the schedule region.
+  // The previous upload may still be reading the schedule region. Waiting
+  // before the validation costs nothing extra: the host work is the same.
   plan_gpu::staging_wait(staging_);
-  build_schedule(SerialExec{}, host_in, layout_, host_meta);
+  schedule_host(host_in, layout_, host_meta);
   record_info(host_meta);
   plan_gpu::upload(staging_, meta.data(), static_cast<size_t>(layout_.total() * 4), stream);
   ++stats_.host_to_device;
@@ -253,6 +427,9 @@ void require_plan(const void* plan) {
 extern "C" {
 
 MLACORE_API int64_t mlacore_plan_default_max_work(int64_t max_batch, int32_t num_sms) {
+  // Saturates instead of overflowing for a max_batch near INT64_MAX.
+  const int64_t extra = num_sms > 0 ? num_sms : 1;
+  if (max_batch > std::numeric_limits<int64_t>::max() - extra) return std::numeric_limits<int64_t>::max();
   return mlacore::default_max_work(max_batch < 0 ? 0 : max_batch, num_sms);
 }
 
@@ -279,7 +456,10 @@ MLACORE_API mlacore_status mlacore_plan_create(int64_t max_batch, int64_t max_wo
   return mlacore::guarded([&] {
     if (out == nullptr) mlacore::type_error("out: expected a place for the plan handle, got NULL");
     *out = nullptr;
-    if (max_work <= 0) max_work = mlacore::default_max_work(max_batch, num_sms);
+    // Clamped first: max_batch + num_sms overflows for a max_batch near
+    // INT64_MAX, and the constructor rejects any max_batch out of range.
+    if (max_work <= 0)
+      max_work = mlacore::default_max_work(max_batch < 0 ? 0 : std::min(max_batch, mlacore::kMaxCapacity + 1), num_sms);
     *out = new mlacore_plan(max_batch, max_work, num_sms);
   });
 }

@@ -1,6 +1,7 @@
-// Plan metadata on the GPU: the pinned staging buffer and its event, the pack
-// kernel that gathers the three inputs for the single D2H copy, and the
-// device-only schedule kernel (build_schedule() run by one block).
+// Plan metadata on the GPU: the mapped pinned staging buffer and its event,
+// the pack kernel that writes the three inputs straight into host memory (the
+// single D2H transfer), and the device-only schedule kernel (build_schedule()
+// run by one block).
 #include "gpu/compat.h"
 #include "plan_builder.h"
 
@@ -10,14 +11,18 @@ using gpuEvent_t = hipEvent_t;
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuEventDestroy hipEventDestroy
 #define gpuEventRecord hipEventRecord
+#define gpuEventQuery hipEventQuery
 #define gpuEventSynchronize hipEventSynchronize
+#define gpuErrorNotReady hipErrorNotReady
 #else
 using gpuEvent_t = cudaEvent_t;
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuEventDestroy cudaEventDestroy
 #define gpuEventRecord cudaEventRecord
+#define gpuEventQuery cudaEventQuery
 #define gpuEventSynchronize cudaEventSynchronize
+#define gpuErrorNotReady cudaErrorNotReady
 #endif
 
 namespace mlacore::plan_gpu {
@@ -25,6 +30,7 @@ namespace mlacore::plan_gpu {
 struct Staging {
   int device = 0;
   void* host = nullptr;
+  void* mapped = nullptr;  // the same memory as the GPU addresses it
   size_t bytes = 0;
   gpuEvent_t uploaded{};  // recorded after each upload that reads `host`
   bool pending = false;
@@ -35,16 +41,20 @@ Staging* staging_create(int device, size_t bytes) {
   auto* s = new Staging;
   s->device = device;
   s->bytes = bytes;
-  gpuError_t err = gpuHostAlloc(&s->host, bytes);
+  // Mapped, so the pack kernel stores the inputs into it directly: one launch
+  // where a gather into device scratch and a D2H memcpy took two stream
+  // operations, each with its own host call and device-side latency.
+  gpuError_t err = gpuHostAllocMapped(&s->host, bytes);
   if (err != gpuSuccess) {
     delete s;
     gpu::check(err, "plan: pinned staging allocation");
   }
-  err = gpuEventCreateWithFlags(&s->uploaded, gpuEventDisableTiming);
+  err = gpuHostGetDevicePointer(&s->mapped, s->host, 0);
+  if (err == gpuSuccess) err = gpuEventCreateWithFlags(&s->uploaded, gpuEventDisableTiming);
   if (err != gpuSuccess) {
     (void)gpuFreeHost(s->host);
     delete s;
-    gpu::check(err, "plan: event creation");
+    gpu::check(err, "plan: mapping the staging buffer and creating its event");
   }
   return s;
 }
@@ -64,7 +74,16 @@ int staging_device(const Staging* s) { return s->device; }
 
 void staging_wait(Staging* s) {
   if (!s->pending) return;
-  gpu::check(gpuEventSynchronize(s->uploaded), "plan: waiting for the previous metadata upload");
+  // Usually done already (a device-input build has just synchronized the
+  // stream); the query costs less than a wait that returns at once.
+  const gpuError_t status = gpuEventQuery(s->uploaded);
+  if (status == gpuErrorNotReady) {
+    // Not an error: clear it so the next launch check does not report it.
+    (void)gpuGetLastError();
+    gpu::check(gpuEventSynchronize(s->uploaded), "plan: waiting for the previous metadata upload");
+  } else {
+    gpu::check(status, "plan: querying the previous metadata upload");
+  }
   s->pending = false;
 }
 
@@ -92,17 +111,19 @@ __device__ __forceinline__ void copy_index(const IndexView& v, int64_t i, char* 
     reinterpret_cast<int32_t*>(dst)[i] = static_cast<const int32_t*>(v.data)[i * v.stride];
 }
 
-// Gathers the three (possibly strided) vectors into one contiguous block, at
-// their own widths, so that one D2H copy brings all of them.
-__global__ void pack_inputs(ScheduleInputs in, char* scratch, int64_t off_kv, int64_t off_len) {
+// Gathers the three (possibly strided) vectors into one contiguous block of
+// mapped host memory, at their own widths. The stores cross the bus as posted
+// writes; the stream synchronization that follows makes them visible to the
+// host, so no fence is needed here.
+__global__ void pack_inputs(ScheduleInputs in, char* dst, int64_t off_kv, int64_t off_len) {
   const int64_t n = in.batch + 1;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < 3 * n; i += int64_t{gridDim.x} * blockDim.x) {
     if (i < n)
-      copy_index(in.qo_indptr, i, scratch);
+      copy_index(in.qo_indptr, i, dst);
     else if (i < 2 * n)
-      copy_index(in.kv_indptr, i - n, scratch + off_kv);
+      copy_index(in.kv_indptr, i - n, dst + off_kv);
     else if (i - 2 * n < in.batch)
-      copy_index(in.kv_len, i - 2 * n, scratch + off_len);
+      copy_index(in.kv_len, i - 2 * n, dst + off_len);
   }
 }
 
@@ -185,17 +206,15 @@ __global__ void __launch_bounds__(kScheduleThreads)
 
 }  // namespace
 
-void fetch_inputs(Staging* s, const ScheduleInputs& in, void* scratch, size_t off_kv, size_t off_len, size_t bytes,
-                  size_t host_offset, void* stream) {
+void fetch_inputs(Staging* s, const ScheduleInputs& in, size_t host_offset, size_t off_kv, size_t off_len,
+                  void* stream) {
   gpu::DeviceGuard guard(s->device);
   const gpuStream_t st = gpu::as_stream(stream);
   const int64_t n = 3 * (in.batch + 1);
-  pack_inputs<<<gpu::blocks_for(n, 256, 64), 256, 0, st>>>(in, static_cast<char*>(scratch),
+  pack_inputs<<<gpu::blocks_for(n, 256, 64), 256, 0, st>>>(in, static_cast<char*>(s->mapped) + host_offset,
                                                           static_cast<int64_t>(off_kv),
                                                           static_cast<int64_t>(off_len));
   gpu::check_launch("plan: pack_inputs");
-  gpu::check(gpuMemcpyAsync(static_cast<char*>(s->host) + host_offset, scratch, bytes, gpuMemcpyDeviceToHost, st),
-             "plan: copying the inputs to the host");
   gpu::check(gpuStreamSynchronize(st), "plan: waiting for the inputs");
 }
 

@@ -58,10 +58,10 @@ class MlaPlan:
 
     - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: the host
       computes the schedule. CPU inputs cost no round trip; GPU inputs cost one
-      D2H copy (through a pinned buffer owned by the plan) and one stream
-      synchronization. Invalid inputs raise ValueError naming the argument and
-      the request. Not allowed during CUDA-graph capture. After a failed build
-      `.metadata` is unspecified.
+      D2H transfer (a kernel stores them into a mapped pinned buffer owned by
+      the plan) and one stream synchronization. Invalid inputs raise ValueError
+      naming the argument and the request, and leave `.metadata` unchanged.
+      Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel
       on the current stream: no synchronization, capturable in a CUDA graph.
       Values are not checked on the host: an invalid request gets no work, and

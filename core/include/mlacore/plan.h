@@ -11,11 +11,13 @@
  *
  *  - mlacore_plan_build: the host computes the schedule. Host inputs: no
  *    round trip (a device metadata tensor gets one async H2D copy). Device
- *    inputs: exactly one D2H copy of the three arrays into the plan's pinned
- *    staging buffer and one stream synchronization, then one async H2D copy.
- *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request.
- *    Not allowed while the stream captures a CUDA graph. After a failure the
- *    metadata tensor's contents are unspecified.
+ *    inputs: exactly one D2H transfer (one kernel stores the three arrays
+ *    into the plan's mapped pinned staging buffer) and one stream
+ *    synchronization, then one async H2D copy.
+ *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request,
+ *    before anything is written: the metadata tensor keeps its contents (after
+ *    a runtime error they are unspecified).
+ *    Not allowed while the stream captures a CUDA graph.
  *  - mlacore_plan_build_device: the same schedule, bit for bit, computed by
  *    one kernel on the stream from device inputs: no synchronization, legal
  *    inside CUDA-graph capture. Values cannot be checked on the host there: an
@@ -56,7 +58,7 @@ typedef struct mlacore_plan_info {
 /* Counters for tests and benchmarks: what the builds did. */
 typedef struct mlacore_plan_stats {
   int64_t pinned_allocations;
-  int64_t device_to_host_copies;
+  int64_t device_to_host_copies; /* D2H transfers: pack kernels storing into the mapped staging buffer */
   int64_t host_to_device_copies;
   int64_t stream_syncs;
   int64_t device_builds;

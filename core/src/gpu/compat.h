@@ -19,6 +19,9 @@ using gpuError_t = hipError_t;
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuHostAlloc(p, n) hipHostMalloc((p), (n), hipHostMallocDefault)
+// Pinned and mapped: kernels store into it through gpuHostGetDevicePointer.
+#define gpuHostAllocMapped(p, n) hipHostMalloc((p), (n), hipHostMallocMapped)
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuDeviceGetAttribute hipDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
@@ -40,6 +43,9 @@ using gpuError_t = cudaError_t;
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuHostAlloc(p, n) cudaHostAlloc((p), (n), cudaHostAllocDefault)
+// Pinned and mapped: kernels store into it through gpuHostGetDevicePointer.
+#define gpuHostAllocMapped(p, n) cudaHostAlloc((p), (n), cudaHostAllocMapped)
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuDeviceGetAttribute cudaDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
