@@ -50,6 +50,7 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
     chunk = no_split
     if c_min < no_split:
         cands = [min(no_split if i == NCAND - 1 else c_min + cdiv(c_min * i, 4), no_split) for i in range(NCAND)]
+        cands = [e if (e := cdiv(no_split, cdiv(no_split, c))) >= c_min else c for c in cands]
         best, best_time = no_split, None
         for c in reversed(cands):
             t = cdiv(sum(s["q_tiles"] * splits(s, c) for s in shapes), num_sms) * (c + FIXED)

@@ -183,10 +183,15 @@ MLACORE_HD int64_t min_chunk_tiles(const ScheduleTotals& t, int64_t num_sms, int
   return c < no_split ? c : no_split;
 }
 
-// Candidate i: c_min grown by i quarters, the last one "no split at all".
+// Candidate i: c_min grown by i quarters, the last one "no split at all";
+// then evened: the longest request keeps its number of splits but in equal
+// parts (512 tiles in 4 x 128, not 158 + 158 + 158 + 38), so no CTA carries
+// a tail the others wait for. Never below c_min, which keeps the capacity.
 MLACORE_HD int64_t candidate_tiles(int i, int64_t c_min, int64_t no_split) {
-  const int64_t c = i == kPlanCandidates - 1 ? no_split : c_min + ceil_div(c_min * i, 4);
-  return c < no_split ? c : no_split;
+  int64_t c = i == kPlanCandidates - 1 ? no_split : c_min + ceil_div(c_min * i, 4);
+  if (c > no_split) c = no_split;
+  const int64_t even = ceil_div(no_split, ceil_div(no_split, c));
+  return even >= c_min ? even : c;
 }
 
 // Picks the candidate with the shortest modelled time: waves of num_sms CTAs
