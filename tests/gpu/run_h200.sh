@@ -23,8 +23,14 @@ for step in $STEPS; do
   t0=$(date +%s)
   case $step in
     pytest)
-      (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" 2>&1) \
-        > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
+      # One process per file: a crash in one file cannot hide the others' results.
+      : > "$OUT/pytest.txt"
+      for f in "$ROOT"/tests/test_*.py; do
+        (cd /tmp && timeout 200 python3 -m pytest -q -rs -p no:cacheprovider "$f" 2>&1) > /tmp/one.txt
+        rc=$?; cat /tmp/one.txt >> "$OUT/pytest.txt"
+        echo "$(basename "$f"): rc=$rc $(tail -1 /tmp/one.txt)"
+      done
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30 ;;
     pytest:*)
       (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" -k "${step#pytest:}" 2>&1) \
         > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
