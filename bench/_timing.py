@@ -7,16 +7,30 @@ import statistics
 import time
 
 
-def host_us_per_call(fn, calls=2000, rounds=7):
-    """Median over rounds of the mean host time of one call, in microseconds."""
+def host_us_per_call(fn, calls=2000, rounds=7, drain=None, burst=64):
+    """Median over rounds of the mean host time of one call, in microseconds.
+
+    With `drain` (a device synchronize), each round times bursts of `burst`
+    calls and drains the device between bursts, untimed: a kernel that runs
+    longer than its launch takes would otherwise fill the launch queue and
+    make the host wait, timing the device instead of the call."""
     for _ in range(min(calls, 200)):
         fn()
+    if drain is not None:
+        drain()
     per_round = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_round.append((time.perf_counter() - t0) / calls * 1e6)
+        spent, done = 0.0, 0
+        while done < calls:
+            n = min(burst if drain is not None else calls, calls - done)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            spent += time.perf_counter() - t0
+            done += n
+            if drain is not None:
+                drain()
+        per_round.append(spent / calls * 1e6)
     return statistics.median(per_round)
 
 

@@ -170,13 +170,17 @@ def _host_table(ctx, fi):
     y = torch.ones(16, device=dev)
     idx, tab = p.index_args(), p.table_args()
 
-    add_us = host_us_per_call(lambda: x.add_(y), calls)
+    drain = torch.cuda.synchronize if ctx.gpu else None
+
+    def host_us(fn):
+        return host_us_per_call(fn, calls, drain=drain)
+
+    add_us = host_us(lambda: x.add_(y))
     rows = [("torch.add_ (baseline)", add_us)]
     rows.append(("mlacore append_paged_mla_kv_cache",
-                 host_us_per_call(lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab),
-                                  calls)))
+                 host_us(lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))))
     rows.append(("mlacore append_paged_kv_cache",
-                 host_us_per_call(lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), calls)))
+                 host_us(lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab))))
     if fi is not None:
         for name, fn in (("flashinfer append_paged_mla_kv_cache",
                           lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab)),
@@ -184,7 +188,7 @@ def _host_table(ctx, fi):
                           lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab))):
             try:
                 fn()
-                rows.append((name, host_us_per_call(fn, calls)))
+                rows.append((name, host_us(fn)))
             except Exception as e:  # keep the mlacore figures whatever FlashInfer does
                 rows.append((f"{name} (failed: {type(e).__name__})", float("nan")))
     if ctx.gpu:

@@ -45,8 +45,7 @@ def _torch_flatten(block_table, cu, total):
 def _times(fn, ctx, calls):
     if ctx.gpu:
         dev = device_ms(fn, repeats=ctx.repeats or 50)
-        host = host_us_per_call(fn, calls)
-        torch.cuda.synchronize()
+        host = host_us_per_call(fn, calls, drain=torch.cuda.synchronize)
     else:
         dev = cpu_ms(fn, repeats=ctx.repeats or 20)
         host = host_us_per_call(fn, calls, rounds=3)
