@@ -1,7 +1,9 @@
 """MlaPlan: the decode schedule against a pure-Python model of the algorithm,
-its invariants, errors, and on a GPU the single round trip, the device-only
-build and CUDA-graph replay."""
+its invariants, errors, and on a GPU the exchange kernel (one launch, no
+memcpy, no sync), its release on every error, the device-only build and
+CUDA-graph replay."""
 
+import faulthandler
 import math
 import random
 import time
@@ -345,13 +347,31 @@ def _cuda_batch(seed, B, page_size=64, max_qo=1, dtype=torch.int32):
     return (qo, kv, kv_len), tensors(qo, kv, kv_len, "cuda", dtype)
 
 
+@pytest.fixture
+def watchdog():
+    """A build whose kernel is never released hangs inside C++, where no
+    Python signal handler runs: faulthandler's own thread dumps the stacks and
+    ends the process instead, so a hang fails the run instead of stalling it."""
+    faulthandler.dump_traceback_later(120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _host_input_reference(plan, raw, page_size=64, num_heads=16):
+    """The same schedule from host inputs (schedule + H2D upload) on a second GPU plan of the same shape."""
+    ref = mlacore.MlaPlan("cuda", max_batch=plan.max_batch, max_work=plan.max_work, num_sms=plan.num_sms)
+    ref.build(*tensors(*raw), page_size, num_heads)
+    torch.cuda.synchronize()
+    return ref.metadata.clone()
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_gpu_device_inputs_match_host_inputs_with_one_round_trip(dtype):
+def test_gpu_device_inputs_match_host_inputs_with_one_exchange(dtype, watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=300)
     host_plan = mlacore.MlaPlan("cpu", max_batch=300, num_sms=plan.num_sms)
     staging = None
-    for step, B in enumerate([1, 17, 300, 5, 256]):
+    for step, B in enumerate([1, 17, 300, 5, 256, 0]):
         raw, dev = _cuda_batch(step, B, max_qo=3, dtype=dtype)
         before = plan.stats
         plan.build(*dev, 64, 16)
@@ -359,9 +379,10 @@ def test_gpu_device_inputs_match_host_inputs_with_one_round_trip(dtype):
         host_plan.build(*tensors(*raw), 64, 16)
         assert torch.equal(plan.metadata.cpu(), host_plan.metadata)
         assert plan.info == host_plan.info
+        # One transfer each way, both done by the exchange kernel; no sync.
         assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
-        assert after["stream_syncs"] - before["stream_syncs"] == 1
         assert after["host_to_device_copies"] - before["host_to_device_copies"] == 1
+        assert after["stream_syncs"] == 0
         # One pinned buffer for the plan's life, whatever the batch size.
         assert after["pinned_allocations"] == 1
         staging = staging or after["staging"]
@@ -369,9 +390,10 @@ def test_gpu_device_inputs_match_host_inputs_with_one_round_trip(dtype):
 
 
 @requires_cuda
-def test_gpu_build_is_one_pack_kernel_one_sync_and_one_upload():
-    # The pack kernel writes the inputs straight into the plan's mapped pinned
-    # buffer: no DtoH memcpy at all, one kernel, one stream sync, one HtoD.
+def test_gpu_build_is_one_kernel_launch_without_memcpy_or_sync(watchdog):
+    # The exchange kernel stores the inputs into the plan's mapped pinned
+    # buffer and reads the schedule back from it: one launch, no memcpy in
+    # either direction, no stream synchronization.
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     _, dev = _cuda_batch(1, 64)
     plan.build(*dev, 64, 16)  # warm: staging allocated
@@ -382,20 +404,22 @@ def test_gpu_build_is_one_pack_kernel_one_sync_and_one_upload():
         torch.cuda.synchronize()
     after = plan.stats
     names = [e.name for e in prof.events()]
-    d2h = [n for n in names if "DtoH" in n or "Device -> Pinned" in n or "Device -> Pageable" in n]
-    h2d = [n for n in names if "HtoD" in n or "Pinned -> Device" in n]
-    packs = [n for n in names if "pack_inputs" in n]
-    assert d2h == [], names
-    assert len(h2d) == 1, names
-    assert len(packs) == 1, names
-    assert after["stream_syncs"] - before["stream_syncs"] == 1
+    memcpys = [n for n in names if "emcpy" in n or "HtoD" in n or "DtoH" in n or "Pinned" in n]
+    syncs = [n for n in names if "StreamSynchronize" in n or "EventSynchronize" in n]
+    kernels = [n for n in names if "plan_exchange" in n]
+    launches = [n for n in names if "LaunchKernel" in n]
+    assert memcpys == [], names
+    assert syncs == [], names
+    assert len(kernels) == 1, names
+    assert len(launches) <= 1, names  # runtime-API rows, where the profiler records them
+    assert after["stream_syncs"] == before["stream_syncs"] == 0
     assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
     assert after["pinned_allocations"] == 1 and after["staging"] == before["staging"]
 
 
 @requires_cuda
-def test_gpu_mixed_widths_and_strides_match_the_host():
-    # The pack kernel keeps each vector's own width; strided views are gathered.
+def test_gpu_mixed_widths_and_strides_match_the_host(watchdog):
+    # The exchange kernel keeps each vector's own width; strided views are gathered.
     raw, _ = _cuda_batch(7, 40, max_qo=3)
     qo = torch.tensor(raw[0], dtype=torch.int64, device="cuda").repeat_interleave(2)[::2]
     kv = torch.tensor(raw[1], dtype=torch.int32, device="cuda")
@@ -408,19 +432,147 @@ def test_gpu_mixed_widths_and_strides_match_the_host():
 
 
 @requires_cuda
-def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable():
+def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     good = tensors([0, 1, 2], [0, 2, 3], [100, 10], "cuda")
     plan.build(*good, 64, 16)
     first = plan.metadata.clone()
     with pytest.raises(ValueError, match="request 1"):
         plan.build(*tensors([0, 1, 2], [0, 2, 3], [100, 200], "cuda"), 64, 16)
-    torch.cuda.synchronize()
-    # Inputs now travel through host memory only: a rejected batch never
-    # reaches the metadata tensor.
+    torch.cuda.synchronize()  # returns: the rejected build's kernel was released
+    # The kernel was aborted before copying: a rejected batch never reaches
+    # the metadata tensor.
     assert torch.equal(plan.metadata, first)
     plan.build(*good, 64, 16)
     assert torch.equal(plan.metadata, first)
+
+
+@requires_cuda
+def test_gpu_every_rejection_releases_the_kernel(watchdog):
+    # Each of these fails host validation after the exchange kernel is
+    # already spinning; each must release it (abort), and the next build on
+    # the same plan must work. A leak shows as a hang (watchdog) or as the
+    # metadata changing.
+    plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
+    raw_good, good = _cuda_batch(11, 6)
+    want = _host_input_reference(plan, raw_good)
+    bad = [
+        ([0, 1, 2], [0, 2, 3], [100, 200]),   # page count of request 1
+        ([1, 2, 3], [0, 1, 2], [10, 10]),     # qo_indptr[0] != 0 (the scalar checks)
+        ([0, 1, 2], [1, 2, 3], [10, 10]),     # kv_indptr[0] != 0
+        ([0, 2, 1], [0, 1, 2], [10, 10]),     # decreasing qo_indptr
+        ([0, 1, 2], [0, 1, 2], [-1, 10]),     # negative kv_len
+    ]
+    for rounds in range(3):
+        plan.build(*good, 64, 16)
+        torch.cuda.synchronize()
+        assert torch.equal(plan.metadata, want)
+        for qo, kv, kv_len in bad:
+            with pytest.raises(ValueError):
+                plan.build(*tensors(qo, kv, kv_len, "cuda"), 64, 16)
+            assert torch.equal(plan.metadata, want)  # .metadata read on the stream: after the aborted kernel
+    # Rejections on a side stream, then a good build on the default stream.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for qo, kv, kv_len in bad:
+            with pytest.raises(ValueError):
+                plan.build(*tensors(qo, kv, kv_len, "cuda"), 64, 16)
+    torch.cuda.current_stream().wait_stream(side)
+    raw2, dev2 = _cuda_batch(12, 8)
+    plan.build(*dev2, 64, 16)
+    assert torch.equal(plan.metadata, _host_input_reference(plan, raw2))
+    torch.cuda.synchronize()
+    del plan  # teardown after aborts waits for the device before freeing the staging buffer
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_gpu_back_to_back_builds_with_different_inputs(watchdog):
+    plan = mlacore.MlaPlan("cuda", max_batch=128)
+    raw_plan = plan._plan
+    batches = [_cuda_batch(100 + i, B, max_qo=2) for i, B in enumerate([128, 1, 77, 0, 128, 3, 64])]
+    metas = [torch.full_like(plan.metadata, -5) for _ in batches]
+    for (_, dev), meta in zip(batches, metas):
+        raw_plan.build(*dev, 64, 16, meta)  # no sync in between: each kernel copies while the next build runs
+    # The same plan's own metadata, built repeatedly from alternating inputs.
+    for (_, dev) in batches:
+        plan.build(*dev, 64, 16)
+    torch.cuda.synchronize()
+    for (raw, _), meta in zip(batches, metas):
+        assert torch.equal(meta, _host_input_reference(plan, raw))
+    assert torch.equal(plan.metadata, _host_input_reference(plan, batches[-1][0]))
+    assert plan.stats["pinned_allocations"] == 1 and plan.stats["stream_syncs"] == 0
+
+
+@requires_cuda
+def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
+    plan = mlacore.MlaPlan("cuda", max_batch=64)
+    raw_plan = plan._plan
+    sets = [_cuda_batch(200 + i, B) for i, B in enumerate([64, 9, 33, 1])]
+    metas = [torch.zeros_like(plan.metadata) for _ in range(2 * len(sets))]
+    wants = [_host_input_reference(plan, raw) for raw, _ in sets]
+    plan.build(*sets[0][1], 64, 16)  # warm: the pinned staging buffer is allocated before the clock starts
+    torch.cuda.synchronize()
+    main = torch.cuda.current_stream()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda._sleep(1_000_000_000)  # the default stream is busy for ~0.5 s or more
+    t0 = time.perf_counter()
+    # Alternating streams: the previous exchange kernel may still be copying
+    # its schedule on the other stream when the next build writes the next.
+    for i in range(2 * len(sets)):
+        with torch.cuda.stream(s1 if i % 2 == 0 else s2):
+            raw_plan.build(*sets[i % len(sets)][1], 64, 16, metas[i])
+    elapsed = time.perf_counter() - t0
+    still_busy = not main.query()
+    s1.synchronize()
+    s2.synchronize()
+    for i, meta in enumerate(metas):
+        assert torch.equal(meta, wants[i % len(sets)]), i
+    # The builds did not wait for the default stream.
+    assert still_busy and elapsed < 0.25, elapsed
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_gpu_device_input_build_waits_for_a_pending_host_input_upload(watchdog):
+    # Both share the pinned schedule region: the upload, held back by a long
+    # kernel, must have read it before the exchange's host writes it.
+    plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
+    raw = plan._plan
+    meta_a, meta_b, meta_c = (torch.zeros_like(plan.metadata) for _ in range(3))
+    a = ([0, 1], [0, 100], [6400])
+    b = ([0, 1, 2], [0, 1, 2], [64, 64])
+    want_a = _host_input_reference(plan, a)
+    want_b = _host_input_reference(plan, b)
+    host_a, dev_b = tensors(*a), tensors(*b, "cuda")  # made before the sleep: their copies would wait for it
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    raw.build(*host_a, 64, 16, meta_a)  # upload queued behind the sleep
+    raw.build(*dev_b, 64, 16, meta_b)   # exchange: its kernel too, so the host waits; then the upload's event
+    raw.build(*host_a, 64, 16, meta_c)  # host inputs right after an exchange (its kDone)
+    torch.cuda.synchronize()
+    assert torch.equal(meta_a, want_a)
+    assert torch.equal(meta_b, want_b)
+    assert torch.equal(meta_c, want_a)
+
+
+@requires_cuda
+def test_gpu_many_builds_in_a_loop(watchdog):
+    plan = mlacore.MlaPlan("cuda", max_batch=256)
+    sets = [_cuda_batch(300 + i, B) for i, B in enumerate([256, 1, 100, 0, 255])]
+    n = 2000
+    before = plan.stats
+    for i in range(n):
+        plan.build(*sets[i % len(sets)][1], 64, 16)
+        if i % 499 == 0:
+            torch.cuda.synchronize()
+            assert torch.equal(plan.metadata, _host_input_reference(plan, sets[i % len(sets)][0])), i
+    torch.cuda.synchronize()
+    assert torch.equal(plan.metadata, _host_input_reference(plan, sets[(n - 1) % len(sets)][0]))
+    after = plan.stats
+    assert after["device_to_host_copies"] - before["device_to_host_copies"] == n
+    assert after["stream_syncs"] == 0 and after["pinned_allocations"] == 1
 
 
 @requires_cuda
@@ -516,13 +668,17 @@ def test_gpu_cuda_graph_capture_and_replay_with_new_lengths():
 
 
 @requires_cuda
-def test_gpu_host_build_refuses_graph_capture():
+def test_gpu_host_build_refuses_graph_capture(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=4)
-    _, dev = _cuda_batch(0, 4)
+    raw, dev = _cuda_batch(0, 4)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="use build_device under capture"):
         with torch.cuda.graph(graph):
             plan.build(*dev, 64, 16)
+    # Refused before any launch: nothing spins, and the plan still works.
+    torch.cuda.synchronize()
+    plan.build(*dev, 64, 16)
+    assert torch.equal(plan.metadata, _host_input_reference(plan, raw))
 
 
 @requires_cuda

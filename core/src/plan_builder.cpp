@@ -342,14 +342,16 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     return;
   }
 #if defined(MLACORE_WITH_GPU)
+  // Before any launch: a capture would record the exchange kernel, whose
+  // replay would spin with no host on the other end.
   plan_gpu::refuse_capture(stream, "plan build");
   const int device = meta.device_id();
   if (staging_ == nullptr) {
-    // Once per plan, for the full capacity: the schedule region, then room
-    // for the three inputs at their widest (int64), so no later build of
-    // any batch size allocates pinned memory again.
-    const int64_t bytes = align_up(layout_.total() * 4, 16) + 3 * (layout_.max_batch + 1) * 8;
-    staging_ = plan_gpu::staging_create(device, static_cast<size_t>(bytes));
+    // Once per plan, for the full capacity: the schedule region, room for the
+    // three inputs at their widest (int64) and the handshake's flags, so no
+    // later build of any batch size allocates pinned memory again.
+    staging_ = plan_gpu::staging_create(device, static_cast<size_t>(layout_.total() * 4),
+                                        static_cast<size_t>(3 * (layout_.max_batch + 1) * 8));
     ++stats_.pinned_allocations;
     stats_.staging = plan_gpu::staging_host(staging_);
   } else if (plan_gpu::staging_device(staging_) != device) {
@@ -358,31 +360,47 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   }
   char* host = static_cast<char*>(plan_gpu::staging_host(staging_));
   int32_t* host_meta = reinterpret_cast<int32_t*>(host);
+  const size_t schedule_bytes = static_cast<size_t>(layout_.total() * 4);
 
-  ScheduleInputs host_in = in;
   if (inputs_at == Where::GPU) {
-    // The pack kernel writes the three vectors, at their own widths, straight
-    // into the mapped staging buffer past the schedule region: one launch and
-    // one synchronization are the whole round trip (no memcpy, no scratch).
-    // The previous upload reads only the schedule region, so no wait here.
+    // The exchange: one kernel stores the inputs into the mapped staging
+    // buffer, the host schedules them into the same buffer, the kernel copies
+    // the schedule into the metadata tensor. One launch, no memcpy, no stream
+    // synchronization; this thread blocks only until the stream reaches the
+    // kernel, as any round trip does.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
-    const int64_t host_offset = align_up(layout_.total() * 4, 16);
-    plan_gpu::fetch_inputs(staging_, in, static_cast<size_t>(host_offset), static_cast<size_t>(off_kv),
-                           static_cast<size_t>(off_len), stream);
+    const uint64_t seq = plan_gpu::exchange_launch(staging_, in, static_cast<size_t>(off_kv),
+                                                   static_cast<size_t>(off_len), meta.data(), schedule_bytes, stream);
+    // From here every way out releases the kernel (abort unless published).
+    plan_gpu::Exchange exchange(staging_, seq);
+    plan_gpu::exchange_wait_inputs(staging_, seq, stream);
     ++stats_.device_to_host;
-    ++stats_.stream_syncs;
-    host_in.qo_indptr = IndexView{host + host_offset, 1, in.qo_indptr.is64};
-    host_in.kv_indptr = IndexView{host + host_offset + off_kv, 1, in.kv_indptr.is64};
-    host_in.kv_len = IndexView{host + host_offset + off_len, 1, in.kv_len.is64};
+    const char* inputs = host + plan_gpu::staging_inputs_offset(staging_);
+    ScheduleInputs host_in = in;
+    host_in.qo_indptr = IndexView{inputs, 1, in.qo_indptr.is64};
+    host_in.kv_indptr = IndexView{inputs + off_kv, 1, in.kv_indptr.is64};
+    host_in.kv_len = IndexView{inputs + off_len, 1, in.kv_len.is64};
+    // The schedule region may still be read by a host-input upload (event)
+    // or by the previous exchange kernel if it ran on another stream (its
+    // kDone flag); both return at once in the steady state.
+    plan_gpu::staging_wait(staging_);
+    plan_gpu::wait_reader(staging_);
+    schedule_host(host_in, layout_, host_meta);  // throws ValueError: the guard aborts the kernel
+    exchange.publish();
+    ++stats_.host_to_device;
+    // The kernel only reads the region; the next write to it is the next build's.
+    record_info(host_meta);
+    return;
   }
-  // The previous upload may still be reading the schedule region. Waiting
-  // before the validation costs nothing extra: the host work is the same.
+  // Host inputs: schedule into the pinned region, one async H2D copy. The
+  // region must be free of the previous upload and of the last exchange kernel.
   plan_gpu::staging_wait(staging_);
-  schedule_host(host_in, layout_, host_meta);
+  plan_gpu::wait_reader(staging_);
+  schedule_host(in, layout_, host_meta);
   record_info(host_meta);
-  plan_gpu::upload(staging_, meta.data(), static_cast<size_t>(layout_.total() * 4), stream);
+  plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
   ++stats_.host_to_device;
 #else
   (void)stream;

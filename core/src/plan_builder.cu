@@ -1,7 +1,18 @@
 // Plan metadata on the GPU: the mapped pinned staging buffer and its event,
-// the pack kernel that writes the three inputs straight into host memory (the
-// single D2H transfer), and the device-only schedule kernel (build_schedule()
-// run by one block).
+// the exchange kernel that trades the three inputs for the host-built schedule
+// through that buffer (one launch, no memcpy, no stream synchronization), and
+// the device-only schedule kernel (build_schedule() run by one block).
+//
+// The exchange handshake (build() with device inputs), for sequence number s:
+//   device: inputs -> staging; fence.sys; ctl[kInputsReady] = s; spin on ctl[kScheduleReady]
+//   host:   spin until ctl[kInputsReady] == s (acquire); validate + schedule into staging;
+//           ctl[kScheduleReady] = s (release), or s | kAbortBit on any error
+//   device: fence.sys; copy staging -> metadata (16-byte vectors); fence.sys; ctl[kDone] = s
+// Sequence numbers are 64-bit and grow by one per exchange, so a flag left
+// over from an earlier build never equals the current one.
+#include <chrono>
+#include <thread>
+
 #include "gpu/compat.h"
 #include "plan_builder.h"
 
@@ -14,6 +25,8 @@ using gpuEvent_t = hipEvent_t;
 #define gpuEventQuery hipEventQuery
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuErrorNotReady hipErrorNotReady
+#define gpuStreamQuery hipStreamQuery
+#define gpuDeviceSynchronize hipDeviceSynchronize
 #else
 using gpuEvent_t = cudaEvent_t;
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
@@ -23,32 +36,82 @@ using gpuEvent_t = cudaEvent_t;
 #define gpuEventQuery cudaEventQuery
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuErrorNotReady cudaErrorNotReady
+#define gpuStreamQuery cudaStreamQuery
+#define gpuDeviceSynchronize cudaDeviceSynchronize
 #endif
 
 namespace mlacore::plan_gpu {
+
+namespace {
+
+// 64-bit words of the control block, which follows the inputs region. The
+// device writes kInputsReady and kDone, the host kScheduleReady: they sit on
+// different 128-byte lines so a host store never shares a line the PCIe
+// writes of the device land on.
+constexpr int kInputsReady = 0;
+constexpr int kDone = 1;           // the last kernel released with a schedule has finished reading it
+constexpr int kScheduleReady = 16;  // 128 bytes further
+constexpr size_t kControlBytes = 256;
+// Set in kScheduleReady next to the sequence number: "no schedule, leave the
+// metadata alone and exit". Sequence numbers never reach 2^63.
+constexpr unsigned long long kAbortBit = 1ull << 63;
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Host side of the polls: atomic loads of words the device writes over the
+// bus. Aligned 8-byte accesses are single bus transactions, so no torn value.
+uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Pure spinning for this long, then a yield per poll: the exchange normally
+// completes within a few microseconds of the launch, but a busy stream can
+// hold the kernel back for as long as its queue takes (as any round trip).
+constexpr auto kSpinOnly = std::chrono::microseconds(10);
+// How often a stalled poll asks the runtime whether the stream still lives.
+constexpr auto kHealthCheck = std::chrono::milliseconds(1);
+
+}  // namespace
 
 struct Staging {
   int device = 0;
   void* host = nullptr;
   void* mapped = nullptr;  // the same memory as the GPU addresses it
   size_t bytes = 0;
-  gpuEvent_t uploaded{};  // recorded after each upload that reads `host`
+  size_t inputs_offset = 0;   // bytes: the schedule region is [0, inputs_offset)
+  size_t control_offset = 0;  // bytes: the control block
+  gpuEvent_t uploaded{};  // recorded after each host-input upload that reads `host`
   bool pending = false;
+  uint64_t seq = 0;       // the last sequence number handed to an exchange kernel
+  uint64_t reader = 0;    // the last exchange kernel released with a schedule (it reads the region)
+  bool aborted = false;   // an exchange kernel was released without one: it may still be polling
+
+  uint64_t* control() { return reinterpret_cast<uint64_t*>(static_cast<char*>(host) + control_offset); }
 };
 
-Staging* staging_create(int device, size_t bytes) {
+Staging* staging_create(int device, size_t schedule_bytes, size_t input_bytes) {
   gpu::DeviceGuard guard(device);
   auto* s = new Staging;
   s->device = device;
-  s->bytes = bytes;
-  // Mapped, so the pack kernel stores the inputs into it directly: one launch
-  // where a gather into device scratch and a D2H memcpy took two stream
-  // operations, each with its own host call and device-side latency.
-  gpuError_t err = gpuHostAllocMapped(&s->host, bytes);
+  s->inputs_offset = round_up(schedule_bytes, 16);
+  s->control_offset = round_up(s->inputs_offset + input_bytes, 128);
+  s->bytes = s->control_offset + kControlBytes;
+  // Mapped, so the exchange kernel stores the inputs into it and reads the
+  // schedule back from it directly: one launch where a D2H copy, a sync and
+  // an H2D copy took three stream operations, each with its own latency.
+  gpuError_t err = gpuHostAllocMapped(&s->host, s->bytes);
   if (err != gpuSuccess) {
     delete s;
     gpu::check(err, "plan: pinned staging allocation");
   }
+  // Zeroed flags: sequence numbers start at 1, so nothing matches yet.
+  for (size_t i = 0; i < kControlBytes / 8; ++i) s->control()[i] = 0;
   err = gpuHostGetDevicePointer(&s->mapped, s->host, 0);
   if (err == gpuSuccess) err = gpuEventCreateWithFlags(&s->uploaded, gpuEventDisableTiming);
   if (err != gpuSuccess) {
@@ -64,18 +127,32 @@ void staging_destroy(Staging* s) noexcept {
   // An upload may still read the buffer; freeing it under the copy would
   // hand the DMA engine freed memory.
   if (s->pending) (void)gpuEventSynchronize(s->uploaded);
+  // So may an exchange kernel: the last one released with a schedule until
+  // it writes kDone, and one released with the abort value until it has seen
+  // it (nothing reports that back). Both always finish, having been released,
+  // so waiting for the device is bounded; it is rare (plan teardown).
+  // No DeviceGuard: it throws, and this runs in destructors, at interpreter
+  // exit too, when the runtime may already be unloading (errors ignored).
+  if (s->aborted || (s->reader != 0 && load_acquire(s->control() + kDone) < s->reader)) {
+    int previous = 0;
+    if (gpuGetDevice(&previous) == gpuSuccess) {
+      if (previous != s->device) (void)gpuSetDevice(s->device);
+      (void)gpuDeviceSynchronize();
+      if (previous != s->device) (void)gpuSetDevice(previous);
+    }
+  }
   (void)gpuEventDestroy(s->uploaded);
   (void)gpuFreeHost(s->host);
   delete s;
 }
 
 void* staging_host(Staging* s) { return s->host; }
+size_t staging_inputs_offset(const Staging* s) { return s->inputs_offset; }
 int staging_device(const Staging* s) { return s->device; }
 
 void staging_wait(Staging* s) {
   if (!s->pending) return;
-  // Usually done already (a device-input build has just synchronized the
-  // stream); the query costs less than a wait that returns at once.
+  // Usually done already; the query costs less than a wait that returns at once.
   const gpuError_t status = gpuEventQuery(s->uploaded);
   if (status == gpuErrorNotReady) {
     // Not an error: clear it so the next launch check does not report it.
@@ -85,6 +162,28 @@ void staging_wait(Staging* s) {
     gpu::check(status, "plan: querying the previous metadata upload");
   }
   s->pending = false;
+}
+
+void wait_reader(Staging* s) {
+  // Same stream: the reader finished before the current kernel started (stream
+  // order), so the first load already sees kDone. Another stream: the reader
+  // is resident and released, so it finishes within microseconds.
+  if (s->reader == 0) return;
+  const uint64_t* done = s->control() + kDone;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (load_acquire(done) < s->reader) {
+    cpu_relax();
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    if (waited > kSpinOnly) std::this_thread::yield();
+    if (waited > std::chrono::seconds(1)) {
+      // Never in a healthy context; a dead one would leave kDone unwritten.
+      // Once the device is idle no kernel reads the region.
+      gpu::DeviceGuard guard(s->device);
+      gpu::check(gpuDeviceSynchronize(), "plan: waiting for the previous exchange kernel");
+      break;
+    }
+  }
+  s->reader = 0;
 }
 
 void refuse_capture(void* stream, const char* what) {
@@ -111,19 +210,121 @@ __device__ __forceinline__ void copy_index(const IndexView& v, int64_t i, char* 
     reinterpret_cast<int32_t*>(dst)[i] = static_cast<const int32_t*>(v.data)[i * v.stride];
 }
 
-// Gathers the three (possibly strided) vectors into one contiguous block of
-// mapped host memory, at their own widths. The stores cross the bus as posted
-// writes; the stream synchronization that follows makes them visible to the
-// host, so no fence is needed here.
-__global__ void pack_inputs(ScheduleInputs in, char* dst, int64_t off_kv, int64_t off_len) {
-  const int64_t n = in.batch + 1;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < 3 * n; i += int64_t{gridDim.x} * blockDim.x) {
+constexpr int kExchangeThreads = 256;
+
+struct ExchangeArgs {
+  ScheduleInputs in;
+  char* inputs;           // mapped: qo_indptr, kv_indptr at +off_kv, kv_len at +off_len
+  int64_t off_kv, off_len;
+  const uint4* schedule;  // mapped: the host-built schedule
+  uint4* meta;            // device: the plan's metadata tensor
+  int64_t vecs;           // 16-byte vectors of the schedule (ScheduleLayout::total() / 4)
+  unsigned long long* control;  // mapped control block
+  unsigned long long seq;
+};
+
+__device__ __forceinline__ unsigned long long load_volatile(const unsigned long long* p) {
+  return *static_cast<const volatile unsigned long long*>(p);
+}
+__device__ __forceinline__ void store_volatile(unsigned long long* p, unsigned long long v) {
+  *static_cast<volatile unsigned long long*>(p) = v;
+}
+
+// A schedule vector from host memory. CUDA: ld.global.cv, fetched again from
+// memory and never served by a line L1 may hold from before the handshake.
+// HIP: mapped host memory is uncached on the device, a plain load reads it.
+__device__ __forceinline__ uint4 load_host_vec(const uint4* p) {
+#if defined(MLACORE_GPU_CUDA)
+  return __ldcv(p);
+#else
+  return *p;
+#endif
+}
+
+// The backoff between two polls of kScheduleReady. Each poll is a read
+// across the bus (~1 us); a short sleep keeps the spinning warp from flooding
+// it, capped so the release is seen at most ~1 us late.
+__device__ __forceinline__ void poll_backoff(int polls) {
+#if defined(MLACORE_GPU_CUDA)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __nanosleep(polls < 32 ? 100 : 1000);
+#else
+  (void)polls;
+#endif
+#else
+  // s_sleep takes a constant: about 64 * 2 clocks.
+  (void)polls;
+#if defined(__HIP_DEVICE_COMPILE__)
+  __builtin_amdgcn_s_sleep(2);
+#endif
+#endif
+}
+
+// One block: gathers the three (possibly strided) vectors into the mapped
+// staging buffer at their own widths, hands them to the host, waits for the
+// schedule the host writes back into the same buffer and copies it into the
+// metadata tensor. Kernels after it on the stream read the metadata in stream
+// order. 256 threads and no shared memory to speak of, so it is resident as
+// soon as any SM has room: the host is waiting on it.
+__global__ void __launch_bounds__(kExchangeThreads) plan_exchange(ExchangeArgs a) {
+  __shared__ int go;
+  const int64_t n = a.in.batch + 1;
+  for (int64_t i = threadIdx.x; i < 3 * n; i += kExchangeThreads) {
     if (i < n)
-      copy_index(in.qo_indptr, i, dst);
+      copy_index(a.in.qo_indptr, i, a.inputs);
     else if (i < 2 * n)
-      copy_index(in.kv_indptr, i - n, dst + off_kv);
-    else if (i - 2 * n < in.batch)
-      copy_index(in.kv_len, i - 2 * n, dst + off_len);
+      copy_index(a.in.kv_indptr, i - n, a.inputs + a.off_kv);
+    else if (i - 2 * n < a.in.batch)
+      copy_index(a.in.kv_len, i - 2 * n, a.inputs + a.off_len);
+  }
+  // The barrier orders every thread's input stores before thread 0's fence
+  // (fences are cumulative over what the barrier made visible to thread 0);
+  // the system-scope fence orders them before the flag store for any
+  // observer, the host included. Host side: the acquire load of the flag.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    store_volatile(a.control + kInputsReady, a.seq);
+    unsigned long long v;
+    for (int polls = 0;; ++polls) {
+      v = load_volatile(a.control + kScheduleReady);
+      // seq: the schedule is there. seq|abort: the host rejected the inputs.
+      // A larger number: the host has moved on to a later build, which it
+      // only does after releasing this one, so this one was aborted.
+      if ((v & ~kAbortBit) >= a.seq) break;
+      poll_backoff(polls);
+    }
+    // Acquire half of the handshake: no read of the schedule below may be
+    // performed before the flag read above, so it sees what the host wrote
+    // before its release store.
+    __threadfence_system();
+    go = v == a.seq;
+  }
+  __syncthreads();
+  if (!go) return;  // aborted: the metadata keeps its contents
+  // Four independent 16-byte loads per thread in flight: the reads cross the
+  // bus, so latency and not bandwidth bounds this copy.
+  constexpr int kUnroll = 4;
+  for (int64_t base = 0; base < a.vecs; base += kUnroll * kExchangeThreads) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + k * kExchangeThreads + threadIdx.x;
+      if (i < a.vecs) r[k] = load_host_vec(a.schedule + i);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + k * kExchangeThreads + threadIdx.x;
+      if (i < a.vecs) a.meta[i] = r[k];
+    }
+  }
+  // Every load has returned (its value was stored) before the barrier; the
+  // fence then orders them before kDone, after which the host may overwrite
+  // the schedule region (only a build on another stream ever waits for it).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    store_volatile(a.control + kDone, a.seq);
   }
 }
 
@@ -206,16 +407,65 @@ __global__ void __launch_bounds__(kScheduleThreads)
 
 }  // namespace
 
-void fetch_inputs(Staging* s, const ScheduleInputs& in, size_t host_offset, size_t off_kv, size_t off_len,
-                  void* stream) {
+uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* meta,
+                         size_t meta_bytes, void* stream) {
   gpu::DeviceGuard guard(s->device);
-  const gpuStream_t st = gpu::as_stream(stream);
-  const int64_t n = 3 * (in.batch + 1);
-  pack_inputs<<<gpu::blocks_for(n, 256, 64), 256, 0, st>>>(in, static_cast<char*>(s->mapped) + host_offset,
-                                                          static_cast<int64_t>(off_kv),
-                                                          static_cast<int64_t>(off_len));
-  gpu::check_launch("plan: pack_inputs");
-  gpu::check(gpuStreamSynchronize(st), "plan: waiting for the inputs");
+  ExchangeArgs a;
+  a.in = in;
+  a.inputs = static_cast<char*>(s->mapped) + s->inputs_offset;
+  a.off_kv = static_cast<int64_t>(off_kv);
+  a.off_len = static_cast<int64_t>(off_len);
+  a.schedule = static_cast<const uint4*>(s->mapped);
+  a.meta = static_cast<uint4*>(meta);
+  a.vecs = static_cast<int64_t>(meta_bytes / 16);  // ScheduleLayout::total() is a multiple of 4
+  a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
+  a.seq = s->seq + 1;
+  plan_exchange<<<1, kExchangeThreads, 0, gpu::as_stream(stream)>>>(a);
+  gpu::check_launch("plan: plan_exchange");
+  // Only a launched kernel consumes its number; a failed launch leaves
+  // nothing spinning and nothing to release.
+  s->seq = a.seq;
+  return a.seq;
+}
+
+void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream) {
+  const uint64_t* flag = s->control() + kInputsReady;
+  if (load_acquire(flag) == seq) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next_check = t0 + kHealthCheck;
+  for (unsigned polls = 1;; ++polls) {
+    cpu_relax();
+    if (load_acquire(flag) == seq) return;
+    if (polls % 16 != 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t0 > kSpinOnly) std::this_thread::yield();
+    if (now < next_check) continue;
+    next_check = now + kHealthCheck;
+    // Still waiting after a millisecond: a long queue ahead of the kernel, or
+    // a context that died with it. A query tells them apart without waiting.
+    gpu::DeviceGuard guard(s->device);
+    const gpuError_t status = gpuStreamQuery(gpu::as_stream(stream));
+    if (status == gpuErrorNotReady) {
+      (void)gpuGetLastError();  // not an error; keep it out of the next launch check
+      continue;
+    }
+    gpu::check(status, "plan: waiting for the exchange kernel");
+    // The stream is idle, yet the kernel cannot finish before it is released.
+    if (load_acquire(flag) == seq) return;
+    runtime_error("plan: the exchange kernel finished without handing over the inputs");
+  }
+}
+
+void exchange_publish(Staging* s, uint64_t seq, bool ok) noexcept {
+  // Release: the schedule stores above (schedule_host into the staging
+  // region) become visible to the device before the flag does. On x86 a
+  // plain store already is one (TSO); the builtin keeps the compiler from
+  // sinking the schedule stores below it and emits stlr on Arm.
+  __atomic_store_n(s->control() + kScheduleReady, ok ? seq : (seq | kAbortBit), __ATOMIC_RELEASE);
+  if (ok)
+    s->reader = seq;
+  else
+    s->aborted = true;
 }
 
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {

@@ -330,8 +330,8 @@ struct PlanInfo {
 
 struct PlanStats {
   int64_t pinned_allocations = 0;
-  int64_t device_to_host = 0;  // D2H transfers: pack kernels writing into the mapped staging buffer
-  int64_t host_to_device = 0;
+  int64_t device_to_host = 0;  // D2H transfers: exchange kernels storing the inputs into the mapped staging
+  int64_t host_to_device = 0;  // H2D transfers: an async copy (host inputs) or an exchange kernel reading the schedule
   int64_t stream_syncs = 0;
   int64_t device_builds = 0;   // schedules computed by the device kernel
   const void* staging = nullptr;
@@ -339,26 +339,66 @@ struct PlanStats {
 
 #if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
 namespace plan_gpu {
-// Pinned staging owned by a plan, mapped into the GPU's address space, plus
-// the event that guards it; defined in plan_builder.cu so that only that file
-// needs the GPU runtime headers.
+// Pinned staging owned by a plan, mapped into the GPU's address space: the
+// schedule region (schedule_bytes), the three inputs (input_bytes) and the
+// control block of the exchange handshake, plus the event that guards
+// host-input uploads. Defined in plan_builder.cu so that only that file needs
+// the GPU runtime headers.
 struct Staging;
-Staging* staging_create(int device, size_t bytes);
+Staging* staging_create(int device, size_t schedule_bytes, size_t input_bytes);
 void staging_destroy(Staging* s) noexcept;
 void* staging_host(Staging* s);
+size_t staging_inputs_offset(const Staging* s);
 int staging_device(const Staging* s);
-// Returns once the previous upload from this staging buffer has finished:
-// a query first, a blocking wait only when it has not.
+// Returns once the previous host-input upload from the schedule region has
+// finished: a query first, a blocking wait only when it has not.
 void staging_wait(Staging* s);
+// Returns once the last exchange kernel released with a schedule has copied
+// it out of the schedule region (at once when it ran on the same stream).
+void wait_reader(Staging* s);
 // Raises when `stream` is capturing a CUDA graph: a host round trip cannot be captured.
 void refuse_capture(void* stream, const char* what);
-// One kernel gathers the three inputs (any width and stride) into the staging
-// buffer at `host_offset` through its device mapping, qo_indptr first, then
-// kv_indptr at +off_kv and kv_len at +off_len (bytes); then the stream is
-// synchronized, after which the host reads them there.
-void fetch_inputs(Staging* s, const ScheduleInputs& in, size_t host_offset, size_t off_kv, size_t off_len,
-                  void* stream);
-// Copies `bytes` from the start of the staging buffer to `device_dst`, async.
+
+// The exchange (build() with device inputs), see plan_builder.cu. One 1-block
+// kernel stores the three inputs (any width and stride) into the inputs region
+// (qo_indptr, kv_indptr at +off_kv, kv_len at +off_len bytes), raises "inputs
+// ready" with a fresh sequence number, which it returns, then spins until
+// exchange_publish() and copies the schedule region (meta_bytes) into `meta`.
+// Throws only when the launch failed: then no kernel waits.
+uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* meta,
+                         size_t meta_bytes, void* stream);
+// Blocks the host thread until kernel `seq` has stored the inputs, i.e. until
+// the stream reaches it (what any round trip costs). Throws when the stream
+// reports an error, or went idle without it.
+void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream);
+// Releases kernel `seq`: ok, it copies the schedule region; not ok, it exits
+// leaving the metadata alone.
+void exchange_publish(Staging* s, uint64_t seq, bool ok) noexcept;
+
+// Once exchange_launch() has returned the kernel spins until released: this
+// guard releases it with the abort value on every way out (ValueError from
+// the validation, a runtime error while waiting) unless publish() ran.
+class Exchange {
+ public:
+  Exchange(Staging* s, uint64_t seq) : s_(s), seq_(seq) {}
+  ~Exchange() {
+    if (!done_) exchange_publish(s_, seq_, false);
+  }
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+  void publish() {
+    exchange_publish(s_, seq_, true);
+    done_ = true;
+  }
+
+ private:
+  Staging* s_;
+  uint64_t seq_;
+  bool done_ = false;
+};
+
+// Copies `bytes` from the start of the staging buffer to `device_dst`, async,
+// and records the event staging_wait() checks.
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream);
 // The device-only schedule: one block, no host involvement.
 void launch_build_schedule(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int device,

@@ -57,11 +57,13 @@ class MlaPlan:
     (CUDA graphs can capture kernels that read it).
 
     - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: the host
-      computes the schedule. CPU inputs cost no round trip; GPU inputs cost one
-      D2H transfer (a kernel stores them into a mapped pinned buffer owned by
-      the plan) and one stream synchronization. Invalid inputs raise ValueError
-      naming the argument and the request, and leave `.metadata` unchanged.
-      Not allowed during CUDA-graph capture.
+      computes the schedule. CPU inputs cost no round trip; GPU inputs cost
+      one kernel launch: it stores them into a mapped pinned buffer owned by
+      the plan, the host schedules them into the same buffer, and the kernel
+      copies the schedule into `.metadata` (no memcpy, no stream sync). The
+      call blocks until the current stream reaches that kernel. Invalid inputs
+      raise ValueError naming the argument and the request, and leave
+      `.metadata` unchanged. Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel
       on the current stream: no synchronization, capturable in a CUDA graph.
       Values are not checked on the host: an invalid request gets no work, and
@@ -108,7 +110,7 @@ class MlaPlan:
 
     @property
     def stats(self) -> dict:
-        """Counters of what the builds did: pinned allocations, D2H/H2D copies, syncs, staging address."""
+        """Counters of what the builds did: pinned allocations, D2H/H2D transfers, syncs, staging address."""
         return self._plan.stats()
 
     @property

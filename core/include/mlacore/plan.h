@@ -11,13 +11,19 @@
  *
  *  - mlacore_plan_build: the host computes the schedule. Host inputs: no
  *    round trip (a device metadata tensor gets one async H2D copy). Device
- *    inputs: exactly one D2H transfer (one kernel stores the three arrays
- *    into the plan's mapped pinned staging buffer) and one stream
- *    synchronization, then one async H2D copy.
- *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request,
- *    before anything is written: the metadata tensor keeps its contents (after
- *    a runtime error they are unspecified).
- *    Not allowed while the stream captures a CUDA graph.
+ *    inputs: one kernel launch and nothing else: the kernel stores the three
+ *    arrays into the plan's mapped pinned staging buffer, the host schedules
+ *    them into the same buffer and releases the kernel through a flag there,
+ *    and the kernel copies the schedule into the metadata tensor (no memcpy,
+ *    no stream synchronization). The call blocks the host thread until the
+ *    stream reaches that kernel, as any round trip does, and returns as soon
+ *    as the schedule is published; kernels queued after it read the metadata
+ *    in stream order.
+ *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request;
+ *    the kernel is released without copying, so the metadata tensor keeps its
+ *    contents (after a runtime error they are unspecified).
+ *    Not allowed while the stream captures a CUDA graph (refused before any
+ *    launch; use mlacore_plan_build_device there).
  *  - mlacore_plan_build_device: the same schedule, bit for bit, computed by
  *    one kernel on the stream from device inputs: no synchronization, legal
  *    inside CUDA-graph capture. Values cannot be checked on the host there: an
@@ -58,8 +64,8 @@ typedef struct mlacore_plan_info {
 /* Counters for tests and benchmarks: what the builds did. */
 typedef struct mlacore_plan_stats {
   int64_t pinned_allocations;
-  int64_t device_to_host_copies; /* D2H transfers: pack kernels storing into the mapped staging buffer */
-  int64_t host_to_device_copies;
+  int64_t device_to_host_copies; /* D2H transfers: exchange kernels storing the inputs into the staging buffer */
+  int64_t host_to_device_copies; /* H2D transfers: async copies (host inputs) or exchange kernels reading it */
   int64_t stream_syncs;
   int64_t device_builds;
   const void* staging; /* the pinned buffer (NULL until a GPU build needs it) */
