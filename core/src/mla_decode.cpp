@@ -40,9 +40,14 @@ bool request_rows(const DecodeParams<Idx>& p, int64_t total_q, int64_t b, int64_
                   int64_t& kv_len) {
   qo_begin = idx_at(p.qo_indptr, p.qo_indptr_stride, b);
   const int64_t qo_end = idx_at(p.qo_indptr, p.qo_indptr_stride, b + 1);
-  kv_len = idx_at(p.kv_len, p.kv_len_stride, b);
+  // Index values are caller data: checked before any arithmetic that could
+  // overflow (qo_end - qo_begin, kv_len - qo_len). A negative kv_len is a
+  // request without KV, like 0.
+  kv_len = std::max<int64_t>(idx_at(p.kv_len, p.kv_len_stride, b), 0);
+  qo_len = 0;
+  if (qo_begin < 0 || qo_end < qo_begin || qo_end > total_q) return false;
   qo_len = qo_end - qo_begin;
-  return qo_begin >= 0 && qo_len >= 0 && qo_end <= total_q;
+  return true;
 }
 
 template <class Idx>
@@ -64,13 +69,16 @@ void cpu_work_item(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, 
 
   const int64_t begin = std::max<int64_t>(item.kv_begin, 0);
   const int64_t end = std::min<int64_t>(item.kv_end, kv_len);
-  // Row offsets of the item's tokens, -1 where masked (past the pages, bad page id).
+  // Row offsets of the item's tokens, kMaskedRow where masked (past the pages,
+  // bad page id): offsets may be negative (negative page or token strides),
+  // so the mark is a value no offset can take.
+  constexpr int64_t kMaskedRow = std::numeric_limits<int64_t>::min();
   std::vector<int64_t> ckv_off, kpe_off;
   for (int64_t pos = begin; pos < end; ++pos) {
     const int64_t slot = p.pages.slot(b, pos);
     if (slot < 0) {
-      ckv_off.push_back(-1);
-      kpe_off.push_back(-1);
+      ckv_off.push_back(kMaskedRow);
+      kpe_off.push_back(kMaskedRow);
       continue;
     }
     const int64_t page = slot / p.pages.page_size, off = slot % p.pages.page_size;
@@ -95,7 +103,7 @@ void cpu_work_item(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, 
     for (size_t j = 0; j < ckv_off.size(); ++j) {
       const int64_t pos = begin + static_cast<int64_t>(j);
       s[j] = -std::numeric_limits<float>::infinity();
-      if (ckv_off[j] < 0 || pos >= limit) continue;
+      if (ckv_off[j] == kMaskedRow || pos >= limit) continue;
       float acc = 0.f;
       for (int d = 0; d < kCkvDim; ++d) acc += q[d] * cv.load(ckv[ckv_off[j] + d]);
       for (int d = 0; d < kKpeDim; ++d) acc += q[kCkvDim + d] * cv.load(kpe[kpe_off[j] + d]);
@@ -144,14 +152,17 @@ void cpu_combine(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, in
         for (int64_t r = 0; r < qo_len * H; ++r) write_row(p, cv, qo_begin + r / H, int(r % H), zeros.data(), neg_inf);
       continue;
     }
+    // The partials that exist: a corrupt split_indptr must not cost a loop
+    // over up to 2^32 indices per row.
+    const int64_t lo = std::max<int64_t>(first, 0), hi = std::min<int64_t>(last, p.max_partials);
     for (int64_t r = 0; r < std::min(qo_len * H, rows_cap); ++r) {
       float mx = neg_inf;
-      for (int64_t i = first; i < last; ++i)
+      for (int64_t i = lo; i < hi; ++i)
         if (i >= 0 && i < p.max_partials) mx = std::max(mx, p.partial_lse[i * rows_cap + r]);
       std::fill(o.begin(), o.end(), 0.f);
       float wsum = 0.f;
       if (mx != neg_inf) {
-        for (int64_t i = first; i < last; ++i) {
+        for (int64_t i = lo; i < hi; ++i) {
           if (i < 0 || i >= p.max_partials) continue;
           const float w = std::exp2(p.partial_lse[i * rows_cap + r] - mx);
           wsum += w;
