@@ -546,6 +546,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
   __shared__ float s_q[kQkDim];
   __shared__ float s_part[kParts][kTok];
   __shared__ float s_p[kTok];
+  constexpr int64_t kMaskedRow = INT64_MIN;
   __shared__ int64_t s_coff[kTok], s_koff[kTok];
 
   const ItemView item = read_item(p, blockIdx.x);
@@ -584,15 +585,16 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
         if (in_req < page_end - page_begin) page = p.pages.page_at(page_begin + in_req);
       }
       const int64_t off = pos % p.pages.page_size;
-      s_coff[tid] = page < 0 ? -1 : page * p.ckv_stride_page + off * p.ckv_stride_tok;
-      s_koff[tid] = page < 0 ? -1 : page * p.kpe_stride_page + off * p.kpe_stride_tok;
+      // Offsets can be negative (negative strides), so masked rows get a mark no offset can take.
+      s_coff[tid] = page < 0 ? kMaskedRow : page * p.ckv_stride_page + off * p.ckv_stride_tok;
+      s_koff[tid] = page < 0 ? kMaskedRow : page * p.kpe_stride_page + off * p.kpe_stride_tok;
     }
     __syncthreads();
     {
       const int tok = tid % kTok, part = tid / kTok;
       constexpr int kSpan = kQkDim / kParts;
       float dot = 0.f;
-      if (s_coff[tok] >= 0) {
+      if (s_coff[tok] != kMaskedRow) {
         for (int d = part * kSpan; d < (part + 1) * kSpan; ++d)
           dot += s_q[d] * (d < kCkvDim ? load_h<kBf16>(ckv + s_coff[tok] + d) : load_h<kBf16>(kpe + s_koff[tok] + d - kCkvDim));
       }
@@ -602,7 +604,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
     if (tid < kTok) {
       float sc = 0.f;
       for (int i = 0; i < kParts; ++i) sc += s_part[i][tid];
-      s_p[tid] = s_coff[tid] >= 0 ? sc * p.scale_log2 : -INFINITY;
+      s_p[tid] = s_coff[tid] != kMaskedRow ? sc * p.scale_log2 : -INFINITY;
     }
     __syncthreads();
     float m_new = m_run;
@@ -613,7 +615,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
     l_run *= alpha;
     for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] *= alpha;
     for (int i = 0; i < kTok; ++i) {
-      if (s_coff[i] < 0) continue;
+      if (s_coff[i] == kMaskedRow) continue;
       const float w = exp2f(s_p[i] - m_use);
       l_run += w;
       for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] += w * load_h<kBf16>(ckv + s_coff[i] + tid + k * kThreads);
