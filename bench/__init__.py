@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from ._report import Report
+from ._report import Report, load_json
 
 # mode name -> module; a module exposes `run(ctx) -> list[Table]` and may
 # expose `supported(ctx) -> str | None` (None when it can run, else why not).
@@ -50,7 +50,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=0, help="timed repetitions (0: per mode default)")
     parser.add_argument("--json", metavar="PATH", help="write every figure and the machine description here")
     parser.add_argument("--plot", metavar="DIR", help="write one PNG per mode here (needs matplotlib)")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="measure nothing: print (and with --plot, plot) the figures of an earlier --json run")
     args = parser.parse_args(argv)
+
+    if args.from_json:
+        return _replay(args.from_json, args.plot)
 
     ctx = Context(args)
     report = Report(ctx, args.json)
@@ -67,4 +72,17 @@ def main(argv=None) -> int:
         report.write_json(args.json)  # also when every mode was skipped
     if args.plot:
         report.write_plots(args.plot)
+    return 0
+
+
+def _replay(path, plot_dir):
+    """Tables (and plots) of a run made elsewhere, e.g. on a GPU host that brings back only JSON."""
+    machine, tables = load_json(path)
+    print(f"# from {path}: {machine.get('gpu', machine.get('device', '?'))}, mlacore {machine.get('mlacore')} "
+          f"(git {machine.get('git')}), torch {machine.get('torch')}\n")
+    report = Report(None)
+    for mode, table in tables:
+        report.add(mode, table)
+    if plot_dir:
+        report.write_plots(plot_dir)
     return 0

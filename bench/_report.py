@@ -105,8 +105,8 @@ class Report:
         doc = {
             "machine": self._machine,
             "skipped": self.skipped,
-            "tables": [{"mode": m, "title": t.title, "columns": t.columns, "rows": t.rows, "notes": t.notes}
-                       for m, t in self.tables],
+            "tables": [{"mode": m, "title": t.title, "columns": t.columns, "rows": t.rows, "notes": t.notes,
+                        "plot": t.plot} for m, t in self.tables],
         }
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
@@ -139,3 +139,12 @@ class Report:
             fig.tight_layout()
             fig.savefig(os.path.join(directory, f"{mode}-{i}.png"), dpi=90)
             plt.close(fig)
+
+
+def load_json(path):
+    """The machine description and [(mode, Table)] of a JSON written by --json."""
+    with open(path) as f:
+        doc = json.load(f)
+    tables = [(t["mode"], Table(t["title"], t["columns"], t["rows"], t["notes"],
+                                tuple(t["plot"]) if t.get("plot") else None)) for t in doc["tables"]]
+    return doc.get("machine", {}), tables
