@@ -4,6 +4,9 @@ memcpy, no sync), its release on every error, the device-only build and
 CUDA-graph replay."""
 
 import faulthandler
+import os
+import subprocess
+import sys
 import math
 import random
 import time
@@ -712,3 +715,28 @@ def test_gpu_device_mismatch_errors():
     cpu_plan = mlacore.MlaPlan("cpu", max_batch=4)
     with pytest.raises(ValueError, match="metadata: expected a tensor on cuda"):
         cpu_plan.build(qo, kv, kv_len, 64, 16)
+
+
+@requires_cuda
+def test_gpu_blocking_launches_fall_back_to_gather_sync_upload():
+    """Under CUDA_LAUNCH_BLOCKING-like settings the handshake could never start (the launch waits for
+    its kernel, the kernel for the host): the build gathers, synchronizes and uploads instead. A fresh
+    process, since the setting is read once."""
+    code = (
+        "import torch, mlacore\n"
+        "dev = torch.device('cuda')\n"
+        "kv_len = torch.tensor([5, 0, 300, 64], dtype=torch.int32)\n"
+        "pages = (kv_len + 15) // 16\n"
+        "kv = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(pages, 0).to(torch.int32)])\n"
+        "qo = torch.arange(5, dtype=torch.int32)\n"
+        "a = mlacore.MlaPlan(dev, max_batch=8)\n"
+        "a.build(qo.cuda(), kv.cuda(), kv_len.cuda(), 16, 16)\n"
+        "b = mlacore.MlaPlan(dev, max_batch=8)\n"
+        "b.build(qo, kv, kv_len, 16, 16)\n"
+        "torch.cuda.synchronize()\n"
+        "assert torch.equal(a.metadata, b.metadata)\n"
+        "assert a.stats['stream_syncs'] == 1, a.stats\n"
+        "print('ok')\n")
+    env = dict(os.environ, MLACORE_PLAN_SYNC="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

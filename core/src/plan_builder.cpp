@@ -371,17 +371,32 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
+    const char* inputs = host + plan_gpu::staging_inputs_offset(staging_);
+    ScheduleInputs host_in = in;
+    host_in.qo_indptr = IndexView{inputs, 1, in.qo_indptr.is64};
+    host_in.kv_indptr = IndexView{inputs + off_kv, 1, in.kv_indptr.is64};
+    host_in.kv_len = IndexView{inputs + off_len, 1, in.kv_len.is64};
+    if (plan_gpu::launches_block()) {
+      // The launch would not return while its kernel waits for us: gather,
+      // synchronize, then schedule and upload as for host inputs.
+      plan_gpu::gather_launch(staging_, in, static_cast<size_t>(off_kv), static_cast<size_t>(off_len), stream);
+      plan_gpu::sync_stream(staging_, stream);
+      ++stats_.device_to_host;
+      ++stats_.stream_syncs;
+      plan_gpu::staging_wait(staging_);
+      plan_gpu::wait_reader(staging_);
+      schedule_host(host_in, layout_, host_meta);
+      record_info(host_meta);
+      plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
+      ++stats_.host_to_device;
+      return;
+    }
     const uint64_t seq = plan_gpu::exchange_launch(staging_, in, static_cast<size_t>(off_kv),
                                                    static_cast<size_t>(off_len), meta.data(), schedule_bytes, stream);
     // From here every way out releases the kernel (abort unless published).
     plan_gpu::Exchange exchange(staging_, seq);
     plan_gpu::exchange_wait_inputs(staging_, seq, stream);
     ++stats_.device_to_host;
-    const char* inputs = host + plan_gpu::staging_inputs_offset(staging_);
-    ScheduleInputs host_in = in;
-    host_in.qo_indptr = IndexView{inputs, 1, in.qo_indptr.is64};
-    host_in.kv_indptr = IndexView{inputs + off_kv, 1, in.kv_indptr.is64};
-    host_in.kv_len = IndexView{inputs + off_len, 1, in.kv_len.is64};
     // The schedule region may still be read by a host-input upload (event)
     // or by the previous exchange kernel if it ran on another stream (its
     // kDone flag); both return at once in the steady state.

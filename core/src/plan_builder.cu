@@ -11,6 +11,7 @@
 // Sequence numbers are 64-bit and grow by one per exchange, so a flag left
 // over from an earlier build never equals the current one.
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "gpu/compat.h"
@@ -221,6 +222,7 @@ struct ExchangeArgs {
   int64_t vecs;           // 16-byte vectors of the schedule (ScheduleLayout::total() / 4)
   unsigned long long* control;  // mapped control block
   unsigned long long seq;
+  bool handshake;               // false: store the inputs and end (launches_block())
 };
 
 __device__ __forceinline__ unsigned long long load_volatile(const unsigned long long* p) {
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(kExchangeThreads) plan_exchange(ExchangeArgs a
   // the system-scope fence orders them before the flag store for any
   // observer, the host included. Host side: the acquire load of the flag.
   __syncthreads();
+  if (!a.handshake) return;  // the host synchronizes the stream: kernel end publishes the stores
   if (threadIdx.x == 0) {
     __threadfence_system();
     store_volatile(a.control + kInputsReady, a.seq);
@@ -420,12 +423,41 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   a.vecs = static_cast<int64_t>(meta_bytes / 16);  // ScheduleLayout::total() is a multiple of 4
   a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
   a.seq = s->seq + 1;
+  a.handshake = true;
   plan_exchange<<<1, kExchangeThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
   // Only a launched kernel consumes its number; a failed launch leaves
   // nothing spinning and nothing to release.
   s->seq = a.seq;
   return a.seq;
+}
+
+void gather_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* stream) {
+  gpu::DeviceGuard guard(s->device);
+  ExchangeArgs a{};
+  a.in = in;
+  a.inputs = static_cast<char*>(s->mapped) + s->inputs_offset;
+  a.off_kv = static_cast<int64_t>(off_kv);
+  a.off_len = static_cast<int64_t>(off_len);
+  a.handshake = false;
+  plan_exchange<<<1, kExchangeThreads, 0, gpu::as_stream(stream)>>>(a);
+  gpu::check_launch("plan: plan_exchange (gather)");
+}
+
+bool launches_block() {
+  static const bool blocking = [] {
+    for (const char* name : {"CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "MLACORE_PLAN_SYNC"}) {
+      const char* v = std::getenv(name);
+      if (v != nullptr && v[0] != '\0' && v[0] != '0') return true;
+    }
+    return false;
+  }();
+  return blocking;
+}
+
+void sync_stream(Staging* s, void* stream) {
+  gpu::DeviceGuard guard(s->device);
+  gpu::check(gpuStreamSynchronize(gpu::as_stream(stream)), "plan: waiting for the inputs");
 }
 
 void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream) {

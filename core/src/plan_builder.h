@@ -367,6 +367,15 @@ void refuse_capture(void* stream, const char* what);
 // Throws only when the launch failed: then no kernel waits.
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* meta,
                          size_t meta_bytes, void* stream);
+// The same kernel without the handshake: it stores the inputs and ends. For
+// when a launch returns only once its kernel has ended (launches_block()),
+// where the handshake could never start; the caller synchronizes the stream.
+void gather_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* stream);
+// CUDA_LAUNCH_BLOCKING=1 (or MLACORE_PLAN_SYNC=1, e.g. under tools that
+// serialize launches): build() then gathers, synchronizes and uploads.
+bool launches_block();
+// Blocks until `stream` has run everything queued on it.
+void sync_stream(Staging* s, void* stream);
 // Blocks the host thread until kernel `seq` has stored the inputs, i.e. until
 // the stream reaches it (what any round trip costs). Throws when the stream
 // reports an error, or went idle without it.

@@ -18,7 +18,11 @@
  *    no stream synchronization). The call blocks the host thread until the
  *    stream reaches that kernel, as any round trip does, and returns as soon
  *    as the schedule is published; kernels queued after it read the metadata
- *    in stream order.
+ *    in stream order. Where launches block until their kernel ends
+ *    (CUDA_LAUNCH_BLOCKING=1, HIP_LAUNCH_BLOCKING=1, or MLACORE_PLAN_SYNC=1 for
+ *    tools that serialize launches, e.g. compute-sanitizer) the handshake
+ *    could never start: the kernel then only stores the inputs, and the build
+ *    synchronizes the stream and uploads the schedule with one async copy.
  *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request;
  *    the kernel is released without copying, so the metadata tensor keeps its
  *    contents (after a runtime error they are unspecified).
