@@ -24,7 +24,7 @@ def get_library_dir() -> str:
     """Directory holding libmlacore.so."""
     if _installed():
         return str(_PKG / "lib")
-    return str(Path(_mlacore.library_path()).parent)
+    return str(Path(_mlacore.library_path()).resolve().parent)
 
 
 def get_pkgconfig_dir() -> str:
