@@ -222,14 +222,7 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
   for (int64_t b = B; b <= layout.max_batch; ++b) split_indptr[b] = static_cast<int32_t>(num_partials);
   for (int64_t i = layout.split_indptr() + layout.max_batch + 1; i < layout.work(); ++i) meta[i] = 0;
   for (int64_t i = num_work; i < layout.max_work; ++i) work[i] = WorkItem{-1, 0, 0, -1};
-  meta[kHdrNumWork] = static_cast<int32_t>(num_work);
-  meta[kHdrNumPartials] = static_cast<int32_t>(num_partials);
-  meta[kHdrBatch] = static_cast<int32_t>(B);
-  meta[kHdrMaxQoLen] = static_cast<int32_t>(t.max_qo_len);
-  meta[kHdrMaxKvLen] = static_cast<int32_t>(t.max_kv_len);
-  meta[kHdrChunkTokens] = static_cast<int32_t>(chunk_tokens);
-  meta[kHdrTotalQo] = static_cast<int32_t>(v.qo[B]);
-  meta[kHdrError] = 0;
+  write_header(meta, num_work, num_partials, B, t, chunk_tokens, v.qo[B], 0);
 }
 
 // Validation, then (when meta is given) the schedule: the host build.

@@ -211,6 +211,20 @@ MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, int64_t c_min, in
   return best;
 }
 
+// The schedule header (decode_schedule.h), written the same way by the host
+// path and by the kernel, which must agree bit for bit.
+MLACORE_HD void write_header(int32_t* meta, int64_t num_work, int64_t num_partials, int64_t batch,
+                             const ScheduleTotals& t, int64_t chunk_tokens, int64_t total_qo, int64_t error) {
+  meta[kHdrNumWork] = static_cast<int32_t>(num_work);
+  meta[kHdrNumPartials] = static_cast<int32_t>(num_partials);
+  meta[kHdrBatch] = static_cast<int32_t>(batch);
+  meta[kHdrMaxQoLen] = static_cast<int32_t>(t.max_qo_len);
+  meta[kHdrMaxKvLen] = static_cast<int32_t>(t.max_kv_len);
+  meta[kHdrChunkTokens] = static_cast<int32_t>(chunk_tokens);
+  meta[kHdrTotalQo] = static_cast<int32_t>(total_qo);
+  meta[kHdrError] = static_cast<int32_t>(error);
+}
+
 // One host "thread": every collective is the identity.
 struct SerialExec {
   MLACORE_HD int64_t tid() const { return 0; }
@@ -296,16 +310,10 @@ MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const S
   for (int64_t b = B + tid; b <= layout.max_batch; b += nth) split_indptr[b] = static_cast<int32_t>(num_partials);
   for (int64_t i = layout.split_indptr() + layout.max_batch + 1 + tid; i < layout.work(); i += nth) meta[i] = 0;
   for (int64_t i = num_work + tid; i < layout.max_work; i += nth) work[i] = WorkItem{-1, 0, 0, -1};
-  if (tid == 0) {
-    meta[kHdrNumWork] = static_cast<int32_t>(num_work);
-    meta[kHdrNumPartials] = static_cast<int32_t>(num_partials);
-    meta[kHdrBatch] = static_cast<int32_t>(B);
-    meta[kHdrMaxQoLen] = static_cast<int32_t>(t.max_qo_len);
-    meta[kHdrMaxKvLen] = static_cast<int32_t>(t.max_kv_len);
-    meta[kHdrChunkTokens] = static_cast<int32_t>(chunk_tokens);
-    meta[kHdrTotalQo] = starts_ok && (t.error & kPlanErrorIndptr) == 0 ? static_cast<int32_t>(in.qo_indptr[B]) : 0;
-    meta[kHdrError] = static_cast<int32_t>(t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
-  }
+  if (tid == 0)
+    write_header(meta, num_work, num_partials, B, t, chunk_tokens,
+                 starts_ok && (t.error & kPlanErrorIndptr) == 0 ? static_cast<int64_t>(in.qo_indptr[B]) : 0,
+                 t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
   ex.sync();
 }
 
