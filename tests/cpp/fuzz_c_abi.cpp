@@ -417,10 +417,18 @@ bool apply_generic(TSpec& s, Rng& r, Def d, std::initializer_list<DLDataType> al
       s.dtype = bad_dtype(r, allowed);
       return true;
     case Def::Device: {
-      const int k = int(r.range(0, 3));
-      const DLDeviceType types[] = {kDLCUDA, kDLROCM, kDLVulkan, kDLExtDev};
-      s.device = {types[k], int32_t(r.range(0, 1))};
-      if (k <= 1) *runtime_ok = true;  // "built without CUDA/HIP" is a RUNTIME error
+      // Only devices this build cannot run on: the buffers are host memory, so
+      // a GPU type the build supports would be launched on (and, with no GPU
+      // present, fail inside the runtime without naming an argument).
+      DLDeviceType types[4];
+      int n = 0;
+      if (!mlacore_built_with("cuda")) types[n++] = kDLCUDA;
+      if (!mlacore_built_with("hip")) types[n++] = kDLROCM;
+      types[n++] = kDLVulkan;
+      types[n++] = kDLExtDev;
+      const DLDeviceType type = types[r.range(0, n - 1)];
+      s.device = {type, int32_t(r.range(0, 1))};
+      if (type == kDLCUDA || type == kDLROCM) *runtime_ok = true;  // "built without CUDA/HIP" is a RUNTIME error
       return true;
     }
     case Def::Malformed: {
