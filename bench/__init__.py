@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from ._report import Report, load_json
+from ._report import Report, Table, load_json
 
 # mode name -> module; a module exposes `run(ctx) -> list[Table]` and may
 # expose `supported(ctx) -> str | None` (None when it can run, else why not).
@@ -65,8 +65,14 @@ def main(argv=None) -> int:
         if why_not:
             report.skip(name, why_not)
             continue
-        print(f"[{name}] running on {ctx.device} ...", file=sys.stderr, flush=True)
-        for table in module.run(ctx):
+        print(f"[{name}] running on {ctx.device} ", end="", file=sys.stderr, flush=True)
+        Table.progress = sys.stderr
+        try:
+            tables = module.run(ctx)
+        finally:
+            Table.progress = None
+            print(file=sys.stderr, flush=True)
+        for table in tables:
             report.add(name, table)
     if args.json:
         report.write_json(args.json)  # also when every mode was skipped

@@ -16,8 +16,15 @@ class Table:
     # Optional plot: (x column, [y columns], log-x, log-y)
     plot: tuple = None
 
+    # Where each measured row ticks a progress dot (set by the bench runner;
+    # None when replaying JSON), so a long sweep shows it is moving.
+    progress = None
+
     def add(self, *row):
         self.rows.append(list(row))
+        if Table.progress is not None:
+            Table.progress.write(".")
+            Table.progress.flush()
 
     def render(self) -> str:
         cells = [[_fmt(c) for c in r] for r in self.rows]
