@@ -13,7 +13,8 @@ class Table:
     columns: list
     rows: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    # Optional plot: (x column, [y columns], log-x, log-y)
+    # Optional plot: (x column, [y columns], log-x, log-y) for lines, or
+    # ("bars", [label columns], [value columns]) for one bar group per row.
     plot: tuple = None
 
     # Where each measured row ticks a progress dot (set by the bench runner;
@@ -131,21 +132,44 @@ class Report:
         for i, (mode, t) in enumerate(self.tables):
             if not t.plot:
                 continue
-            x, ys, logx, logy = t.plot
-            xi = t.columns.index(x)
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for y in ys:
-                yi = t.columns.index(y)
-                ax.plot([r[xi] for r in t.rows], [r[yi] for r in t.rows], marker="o", label=y)
-            ax.set_xscale("log" if logx else "linear")
-            ax.set_yscale("log" if logy else "linear")
-            ax.set_xlabel(x)
+            if t.plot[0] == "bars":
+                fig, ax = plt.subplots(figsize=(7, 0.35 * len(t.rows) + 1.5))
+                _bars(ax, t)
+            else:
+                fig, ax = plt.subplots(figsize=(6, 4))
+                _lines(ax, t)
             ax.set_title(t.title, fontsize=9)
             ax.legend(fontsize=8)
             ax.grid(True, alpha=0.3)
             fig.tight_layout()
             fig.savefig(os.path.join(directory, f"{mode}-{i}.png"), dpi=90)
             plt.close(fig)
+
+
+def _lines(ax, t):
+    x, ys, logx, logy = t.plot
+    xi = t.columns.index(x)
+    for y in ys:
+        yi = t.columns.index(y)
+        ax.plot([r[xi] for r in t.rows], [r[yi] for r in t.rows], marker="o", label=y)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(x)
+
+
+def _bars(ax, t):
+    _, labels, values = t.plot
+    li = [t.columns.index(c) for c in labels]
+    names = ["/".join(str(r[i]) for i in li) for r in t.rows]
+    height = 0.8 / len(values)
+    for k, v in enumerate(values):
+        vi = t.columns.index(v)
+        ax.barh([j + k * height for j in range(len(t.rows))], [r[vi] for r in t.rows], height=height, label=v)
+    ax.set_yticks([j + height * (len(values) - 1) / 2 for j in range(len(t.rows))])
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_ylabel("/".join(labels), fontsize=8)
+    ax.axvline(1.0, color="gray", linewidth=0.8)
 
 
 def load_json(path):

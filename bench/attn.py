@@ -25,7 +25,8 @@ def run(ctx):
     shapes = FULL if ctx.full else SMALL
     t = Table(f"MLA decode on {ctx.device} ({'separate' if ctx.separate else 'adjacent'} ckv/kpe, qo_len 1, bf16)",
               ["batch", "kv_len", "heads", "page", "mlacore ms", "floor ms", "x floor", "TFLOP/s", "GB/s",
-               "cat path ms", "naive ms", "fa3 ms", "fa3 x floor"])
+               "cat path ms", "naive ms", "fa3 ms", "fa3 x floor"],
+              plot=("bars", ["batch", "kv_len", "heads", "page"], ["x floor", "fa3 x floor"]))
     notes = set()
     for batch, kv, heads in shapes:
         for page_size in (1, 64):

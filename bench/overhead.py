@@ -88,7 +88,8 @@ def run(ctx):
         rows.append((name, n, measure(fn, max(calls // 5, 200))))
     add_again = measure(lambda: x.add_(y))
 
-    t = Table(f"host time per call on {dev} (median of 7 rounds)", ["call", "tensors", "us/call", "x torch.add_"])
+    t = Table(f"host time per call on {dev} (median of 7 rounds)", ["call", "tensors", "us/call", "x torch.add_"],
+              plot=("bars", ["call"], ["x torch.add_"]))
     for name, n, us in rows:
         t.add(name, n, us, us / add_us)
     t.notes.append(f"torch.add_ measured again after the ops: {add_again:.2f} us (drift check)")
