@@ -85,7 +85,7 @@ def run(ctx):
     noop = mlacore._mlacore.noop
     rows = [("torch.add_ (baseline)", 2, add_us), ("core no-op", 9, measure(lambda: noop(*tensors)))]
     for name, n, fn in _ops(dev):
-        rows.append((name, n, measure(fn, max(calls // 5, 200))))
+        rows.append((name, n, measure(fn, max(calls // 5, 20))))
     add_again = measure(lambda: x.add_(y))
 
     t = Table(f"host time per call on {dev} (median of 7 rounds)", ["call", "tensors", "us/call", "x torch.add_"],
