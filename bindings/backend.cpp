@@ -59,6 +59,10 @@ void bind_backend(nb::module_& m) {
     return std::make_pair(available != 0, std::string(reason));
   });
 
+  // The installed aiter package's MLA library, found by the Python layer;
+  // must precede the first probe (mlacore_aiter_set_library).
+  m.def("aiter_set_library", [](const char* path) { check(mlacore_aiter_set_library(path)); }, nb::arg("path"));
+
   // The routing decision for a described call, without running it.
   m.def(
       "route",

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "aiter_loader.h"
 #include "error.h"
 #include "tensor.h"
 
@@ -64,13 +65,16 @@ std::string describe(Gate g, const mlacore_route_request& r) {
   return "unknown gate";
 }
 
+// The probe says only whether AITER's library loaded (in any build, so the
+// contract test runs without HIP); whether a call may use it is the gates'.
 Probe run_aiter_probe() {
-#if defined(MLACORE_WITH_HIP)
-  return {false, "this libmlacore has no AITER runtime loader yet (native HIP kernels run instead)"};
-#else
-  return {false, "this libmlacore was built without HIP; AITER runs on ROCm only"};
-#endif
+  const AiterLibrary& lib = aiter_library();
+  return {lib.loaded, lib.reason};
 }
+
+// The ops whose AITER path is wired. None yet: the loader landed first, so a
+// loaded AITER must not route a call into code that does not exist.
+bool aiter_route_wired(int32_t /*op*/) { return false; }
 
 }  // namespace
 
@@ -100,12 +104,17 @@ Route route(const mlacore_route_request& request, Backend requested, bool explai
   if (requested == Backend::Aiter) {
     if (gate != Gate::Pass) value_error(op, ": backend='aiter' cannot run this call: ", describe(gate, request));
     if (!aiter.available) runtime_error(op, ": backend='aiter': AITER unavailable: ", aiter.reason);
+    if (!aiter_route_wired(request.op))
+      runtime_error(op, ": backend='aiter': AITER loaded, but mlacore does not route ", op, " to it yet");
     return {Backend::Aiter, explain ? "aiter: requested" : ""};
   }
   if (gate != Gate::Pass)
     return {Backend::Native, explain ? cat("native: auto, AITER gate failed: ", describe(gate, request)) : ""};
   if (!aiter.available)
     return {Backend::Native, explain ? cat("native: auto, AITER unavailable: ", aiter.reason) : ""};
+  if (!aiter_route_wired(request.op))
+    return {Backend::Native,
+            explain ? cat("native: auto, AITER loaded, but mlacore does not route ", op, " to it yet") : ""};
   return {Backend::Aiter, explain ? "aiter: auto, all gates passed" : ""};
 }
 
@@ -125,6 +134,14 @@ MLACORE_API mlacore_status mlacore_route(const mlacore_route_request* request, i
       std::memcpy(why, r.why.data(), n);
       why[n] = '\0';
     }
+  });
+}
+
+MLACORE_API mlacore_status mlacore_aiter_set_library(const char* path) {
+  return mlacore::guarded([&] {
+    if (path == nullptr) mlacore::type_error("path: expected a library path, got NULL");
+    std::string why;
+    if (!mlacore::aiter_set_library_path(path, &why)) mlacore::runtime_error("mlacore_aiter_set_library: ", why);
   });
 }
 

@@ -1,8 +1,43 @@
 """Which kernel backends this process has, and why not."""
 
+import importlib.util
+import os
+
 from . import _mlacore
 
 _NAMES = ("native", "aiter")
+
+# Where an installed aiter package keeps the built module that exports
+# mla_decode_stage1_asm_fwd (its JIT modules live in aiter/jit/).
+_AITER_MLA_LIBRARY = os.path.join("jit", "module_mla_asm.so")
+
+
+def _hand_over_aiter_library() -> None:
+    """Tells the core where an installed aiter's MLA library is, if any.
+
+    Only looks: find_spec of a top-level name does not import it (importing
+    aiter would pull in torch extensions and initialize HIP at our import).
+    MLACORE_AITER_LIB, when set, still wins inside the core.
+    """
+    try:
+        spec = importlib.util.find_spec("aiter")
+    except (ImportError, ValueError):  # a broken or half-installed aiter: treat as absent
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for location in spec.submodule_search_locations:
+        candidate = os.path.join(location, _AITER_MLA_LIBRARY)
+        if os.path.isfile(candidate):
+            try:
+                _mlacore.aiter_set_library(candidate)
+            except RuntimeError:
+                # The probe already ran (a C++ caller in this process asked
+                # first); its cached answer stands and backends() reports it.
+                pass
+            return
+
+
+_hand_over_aiter_library()
 
 
 def backends() -> dict:

@@ -62,6 +62,14 @@ MLACORE_API mlacore_status mlacore_route(const mlacore_route_request* request, i
  * happens once per process and is thread-safe. */
 MLACORE_API mlacore_status mlacore_backend_info(const char* name, int32_t* available, const char** reason);
 
+/* Hands over the path of an installed AITER's MLA library (the Python layer
+ * passes aiter/jit/module_mla_asm.so when it finds the aiter package, without
+ * importing it). $MLACORE_AITER_LIB, when set and non-empty, still wins. Must
+ * come before the AITER probe runs (the first backend_info or routing call):
+ * afterwards it fails with MLACORE_ERROR_RUNTIME, as the probe's answer is
+ * cached for the process. See docs/AITER.md. */
+MLACORE_API mlacore_status mlacore_aiter_set_library(const char* path);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
