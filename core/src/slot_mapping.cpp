@@ -27,6 +27,22 @@ void expect_same_dtype(const Arg& a, const Arg& other) {
                 "), got ", a.describe());
 }
 
+// The per-token ops: args.run(t) for every token, as a CPU loop or through
+// `launch`, the op's GPU launcher (its kernel runs the same element code).
+template <class Args, class Launch>
+void for_each_token(const Args& args, Where where, int device, void* stream, Launch&& launch) {
+  if (args.nnz == 0) return;
+  if (where == Where::CPU) {
+    for (int64_t t = 0; t < args.nnz; ++t) args.run(t);
+    return;
+  }
+#if defined(MLACORE_WITH_GPU)
+  launch(args, device, stream);
+#else
+  (void)launch, (void)device, (void)stream;  // where_to_run() has refused GPU tensors
+#endif
+}
+
 template <class T>
 T* mutable_ptr(const Arg& a) {
   return static_cast<T*>(a.data());
@@ -85,17 +101,10 @@ MLACORE_API mlacore_status mlacore_slot_mapping(const DLTensor* batch_indices, c
         args.table.batch = indptr.size(0) - 1;
         args.table.page_size = page_size;
         args.table.num_pages = num_pages >= 0 ? num_pages : page_limit;
-        if (args.nnz == 0) return;
-        if (where == Where::CPU) {
-          for (int64_t t = 0; t < args.nnz; ++t) args.run(t);
-          return;
-        }
-#if defined(MLACORE_WITH_GPU)
-        launch_slot_mapping(args, bi.device_id(), stream);
-#endif
+        for_each_token(args, where, bi.device_id(), stream,
+                       [](const auto& a, int device, void* st) { launch_slot_mapping(a, device, st); });
       });
     });
-    (void)stream;
   });
 }
 
@@ -184,17 +193,10 @@ MLACORE_API mlacore_status mlacore_batch_indices_positions(const DLTensor* appen
         args.positions_stride = pos.stride(0);
         args.nnz = bi.size(0);
         args.out_max = static_cast<int64_t>(std::numeric_limits<Out>::max());
-        if (args.nnz == 0) return;
-        if (where == Where::CPU) {
-          for (int64_t t = 0; t < args.nnz; ++t) args.run(t);
-          return;
-        }
-#if defined(MLACORE_WITH_GPU)
-        launch_batch_positions(args, indptr.device_id(), stream);
-#endif
+        for_each_token(args, where, indptr.device_id(), stream,
+                       [](const auto& a, int device, void* st) { launch_batch_positions(a, device, st); });
       });
     });
-    (void)stream;
   });
 }
 
