@@ -52,6 +52,28 @@ def make_wrapper(ctx, idx, heads, page_size, dtype, causal=False):
     return w
 
 
+class DecodeCase:
+    """One decode shape ready to time: the cache (halves of one buffer, or two
+    allocations with --separate), scrambled pages, q, and a planned wrapper."""
+
+    def __init__(self, ctx, batch, kv, heads, page_size, num_pages, dtype):
+        self.ckv, self.kpe = make_cache(num_pages, page_size, dtype, ctx.device, ctx.separate)
+        self.idx = make_indices(batch, kv, 1, page_size, num_pages, ctx.device)
+        self.q_nope = torch.randn(batch, heads, 512, device=ctx.device).to(dtype)
+        self.q_pe = torch.randn(batch, heads, 64, device=ctx.device).to(dtype)
+        self.wrapper = make_wrapper(ctx, self.idx, heads, page_size, dtype)
+        self.out = torch.empty_like(self.q_nope)
+
+    def run(self):
+        """mlacore: the cache read in place."""
+        self.wrapper.run(self.q_nope, self.q_pe, self.ckv, self.kpe, out=self.out)
+
+    def cat_path(self):
+        """What the pre-fix glue did: concatenate the whole pool every call, then decode."""
+        a, b = torch.split(torch.cat([self.ckv, self.kpe], dim=-1), [512, 64], dim=-1)
+        self.wrapper.run(self.q_nope, self.q_pe, a, b, out=self.out)
+
+
 def kv_bytes(batch, kv, itemsize=2):
     return batch * kv * 576 * itemsize
 

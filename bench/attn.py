@@ -11,8 +11,7 @@ import math
 
 import torch
 
-from ._mla import (flashinfer_runner, floor_ms, flops, kv_bytes, make_cache, make_indices, make_wrapper,
-                   naive_decode, timer)
+from ._mla import DecodeCase, flashinfer_runner, floor_ms, flops, kv_bytes, naive_decode, timer
 from ._report import Table
 
 FULL = [(b, kv, h) for h in (16, 128) for b, kv in ((8, 32768), (32, 8192), (32, 32768))]
@@ -31,21 +30,11 @@ def run(ctx):
     for batch, kv, heads in shapes:
         for page_size in (1, 64):
             num_pages = batch * -(-kv // page_size) + 8
-            ckv, kpe = make_cache(num_pages, page_size, dtype, ctx.device, ctx.separate)
-            idx = make_indices(batch, kv, 1, page_size, num_pages, ctx.device)
-            q_nope = torch.randn(batch, heads, 512, device=ctx.device).to(dtype)
-            q_pe = torch.randn(batch, heads, 64, device=ctx.device).to(dtype)
-            w = make_wrapper(ctx, idx, heads, page_size, dtype)
-            out = torch.empty_like(q_nope)
-            ms = measure(lambda: w.run(q_nope, q_pe, ckv, kpe, out=out))
+            case = DecodeCase(ctx, batch, kv, heads, page_size, num_pages, dtype)
+            ckv, kpe, idx, q_nope, q_pe = case.ckv, case.kpe, case.idx, case.q_nope, case.q_pe
+            ms = measure(case.run)
             floor = floor_ms(ctx, kv_bytes(batch, kv), dtype, measure)
-
-            def cat_path():
-                full = torch.cat([ckv, kpe], dim=-1)
-                a, b = torch.split(full, [512, 64], dim=-1)
-                w.run(q_nope, q_pe, a, b, out=out)
-
-            cat_ms = measure(cat_path)
+            cat_ms = measure(case.cat_path)
             naive_ms = float("nan")
             if kv_bytes(batch, kv) * 2 < (8 << 30 if ctx.gpu else 1 << 28):
                 naive_ms = measure(lambda: naive_decode(q_nope, q_pe, ckv, kpe, idx, page_size))
@@ -55,7 +44,7 @@ def run(ctx):
                 notes.add(f"fa3 not measured: {why}")
             t.add(batch, kv, heads, page_size, ms, floor, ms / floor, flops(batch, kv, heads, 1) / ms / 1e9,
                   kv_bytes(batch, kv) / ms / 1e6, cat_ms, naive_ms, fi_ms, fi_ms / floor)
-            del ckv, kpe, w
+            del case, ckv, kpe
             if ctx.gpu:
                 torch.cuda.empty_cache()
     t.notes.append("floor: torch sum over a contiguous tensor of the same KV byte count (one read, L2 flushed)")

@@ -5,7 +5,7 @@ pool every call. b=8, kv=1024, heads=16, page size 1 (vLLM/SGLang).
 
 import torch
 
-from ._mla import make_cache, make_indices, make_wrapper, timer
+from ._mla import DecodeCase, timer
 from ._report import Table
 
 FULL_GB = [0.01, 0.28, 1.12, 4.5]
@@ -22,22 +22,12 @@ def run(ctx):
     times = []
     for gb in FULL_GB if ctx.full else SMALL_GB:
         num_pages = max(int(gb * 1e9 / (576 * 2 * page_size)), batch * kv)
-        ckv, kpe = make_cache(num_pages, page_size, dtype, ctx.device, ctx.separate)
-        idx = make_indices(batch, kv, 1, page_size, num_pages, ctx.device)
-        q_nope = torch.randn(batch, heads, 512, device=ctx.device).to(dtype)
-        q_pe = torch.randn(batch, heads, 64, device=ctx.device).to(dtype)
-        w = make_wrapper(ctx, idx, heads, page_size, dtype)
-        out = torch.empty_like(q_nope)
-        ms = measure(lambda: w.run(q_nope, q_pe, ckv, kpe, out=out))
-
-        def cat_path():
-            a, b = torch.split(torch.cat([ckv, kpe], dim=-1), [512, 64], dim=-1)
-            w.run(q_nope, q_pe, a, b, out=out)
-
-        cat_ms = measure(cat_path)
+        case = DecodeCase(ctx, batch, kv, heads, page_size, num_pages, dtype)
+        ms = measure(case.run)
+        cat_ms = measure(case.cat_path)
         times.append(ms)
         t.add(gb, num_pages, ms, cat_ms, cat_ms / ms)
-        del ckv, kpe
+        del case
         if ctx.gpu:
             torch.cuda.empty_cache()
     t.notes.append(f"mlacore largest / smallest pool: {times[-1] / times[0]:.3f}x (goal: ~1.0)")
