@@ -236,31 +236,6 @@ void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32
 
 }  // namespace
 
-void validate_schedule_inputs(const ScheduleInputs& in, const ScheduleLayout& layout) {
-  schedule_host(in, layout, nullptr);
-}
-
-void build_schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta) {
-  check_capacity(layout.max_batch, layout.max_work);
-  schedule_host(in, layout, meta);
-}
-
-void build_schedule_host(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_len_arr,
-                         int64_t batch, int64_t page_size, int64_t num_heads, int64_t num_sms,
-                         const ScheduleLayout& layout, int32_t* meta) {
-  if (qo_indptr == nullptr || kv_indptr == nullptr || (batch > 0 && kv_len_arr == nullptr) || meta == nullptr)
-    type_error("build_schedule_host: expected host arrays, got NULL");
-  ScheduleInputs in;
-  in.qo_indptr = IndexView{qo_indptr, 1, false};
-  in.kv_indptr = IndexView{kv_indptr, 1, false};
-  in.kv_len = IndexView{kv_len_arr, 1, false};
-  in.batch = batch;
-  in.page_size = page_size;
-  in.num_heads = num_heads;
-  in.num_sms = num_sms;
-  build_schedule_host(in, layout, meta);
-}
-
 PlanBuilder::PlanBuilder(int64_t max_batch, int64_t max_work, int64_t num_sms)
     : layout_{max_batch, max_work}, num_sms_(num_sms) {
   if (num_sms < 1 || num_sms > 65536) value_error("num_sms: expected 1 <= num_sms <= 65536, got ", num_sms);

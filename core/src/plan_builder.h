@@ -1,12 +1,9 @@
 // Plan metadata: the decode schedule of decode_schedule.h, built from
 // qo_indptr, kv_indptr (page indptr) and kv_len_arr.
 //
-// Entry point for C++ code (the decode CPU path and its tests):
-//   mlacore::build_schedule_host(qo_indptr, kv_indptr, kv_len_arr, batch, page_size, num_heads,
-//                                num_sms, ScheduleLayout{max_batch, max_work}, meta)
-// takes three contiguous host int32 arrays (batch+1, batch+1, batch), validates them (throws
-// CoreError/ValueError naming the request) and writes the whole ScheduleLayout::total() int32
-// buffer `meta`: header, kv_last_page_len, split_indptr, work items, padding. max_work must be
+// Entry point: PlanBuilder (C ABI mlacore_plan_*, Python mlacore.MlaPlan). A build validates
+// the three inputs (ValueError naming the request) and writes the whole ScheduleLayout::total()
+// int32 metadata: header, kv_last_page_len, split_indptr, work items, padding. max_work must be
 // >= max_batch; default_max_work(max_batch, num_sms) is always enough. The schedule itself is
 // the template build_schedule() below, written for any executor: the device-only kernel
 // (plan_builder.cu) runs it with a block of threads, and with one "thread" (SerialExec) it is
@@ -316,17 +313,6 @@ MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const S
                  t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
   ex.sync();
 }
-
-// Host values of the three inputs (contiguous int32), validated: throws a
-// ValueError naming the argument and the request. Then the schedule into
-// `meta` (ScheduleLayout::total() int32). See the top of this file.
-void build_schedule_host(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_len_arr,
-                         int64_t batch, int64_t page_size, int64_t num_heads, int64_t num_sms,
-                         const ScheduleLayout& layout, int32_t* meta);
-
-// The same for inputs already described as ScheduleInputs (any width and stride).
-void validate_schedule_inputs(const ScheduleInputs& in, const ScheduleLayout& layout);
-void build_schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta);
 
 // ---- the plan object behind the C ABI (plan_builder.cpp) ----
 
