@@ -7,7 +7,6 @@ path (cat ckv/kpe into one buffer, then decode), a naive torch decode, and
 FlashInfer's fa3 MLA when `import flashinfer` works.
 """
 
-import math
 
 import torch
 

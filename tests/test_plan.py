@@ -7,7 +7,6 @@ import faulthandler
 import os
 import subprocess
 import sys
-import math
 import random
 import time
 
