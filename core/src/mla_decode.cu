@@ -139,21 +139,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// bf16x2 / f16x2 times a float, through fp32 (a bf16 factor would add its own rounding).
-template <bool kBf16>
-__device__ __forceinline__ uint32_t scale2(uint32_t x, float f) {
-  float lo, hi;
-  if constexpr (kBf16) {
-    lo = __uint_as_float(x << 16);
-    hi = __uint_as_float(x & 0xffff0000u);
-  } else {
-    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&x));
-    lo = v.x;
-    hi = v.y;
-  }
-  return pack2<kBf16>(lo * f, hi * f);
-}
-
 // KV arrives in half tiles of 32 tokens (36 KB) through a ring of kRing
 // slots; a 64-token compute tile is two consecutive halves. While tile `it`
 // is computed, halves up to 2*it + kRing - 1 are in flight: with kRing = 5
@@ -188,7 +173,7 @@ struct MmaConfig {
   static constexpr int kSmem = kOffValid + kValidBytes;
   static_assert(kTokPerWarp == 8 || kTokPerWarp % 16 == 0, "S slab must suit ldmatrix.x4");
   static_assert(kHalfTokens % kTokPerWarp == 0, "a warp's S slab must lie in one half tile");
-  static_assert(kColsPerWarp % 16 == 0, "O slab must suit ldmatrix.x4.trans");
+  static_assert(kColsPerWarp % 64 == 0, "O slab: ldmatrix.x4.trans, and a swizzle-aligned start (P V addresses)");
   static_assert(kRing >= 4, "two halves computed while two more load");
   static_assert(kThreads == 8 * kHalfTokens, "the loader gives each token row of a half to 8 threads");
 };
@@ -255,22 +240,29 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   const int64_t num_req_pages = page_end - page_begin;
   // Positions are < item.end <= INT32_MAX (work items are int32), so 32-bit
   // division suffices; a page larger than any position puts all in page 0.
+  // Powers of two (every engine's page size) shift instead: a 32-bit
+  // division is ~20 instructions, twice per tile per thread.
   const uint32_t page_size =
       p.pages.page_size > 0x7fffffff ? 0x80000000u : static_cast<uint32_t>(p.pages.page_size);
+  const bool pow2_pages = (page_size & (page_size - 1)) == 0;
+  const int page_shift = __ffs(static_cast<int>(page_size)) - 1;
 
   const int64_t n_tiles =
       item.end > item.begin ? (item.end - item.begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
   const int64_t n_halves = 2 * n_tiles;
 
   // 8 threads per token row (each 8-lane group reads 128 contiguous bytes per
-  // instruction): thread `tid` always loads row tid / 8 of a half.
+  // instruction): thread `tid` always loads row tid / 8 of a half, chunks
+  // ld_sub + 8j. Since 8j leaves the low three bits alone, chunk ld_sub + 8j
+  // lands at a fixed swizzled offset plus 128j bytes in every slot.
   const int ld_tok = tid >> 3, ld_sub = tid & 7;
+  const uint32_t ld_dst = (ld_tok * kChunks + (ld_sub ^ (ld_tok & 7))) * 16;
   auto fetch = [&](int64_t half) {
     PageRef r{-1, 0};
     const int64_t pos = item.begin + half * kHalfTokens + ld_tok;
     if (pos < item.end) {
       const uint32_t u = static_cast<uint32_t>(pos);
-      const uint32_t in_req = u / page_size;
+      const uint32_t in_req = pow2_pages ? u >> page_shift : u / page_size;
       r.off = static_cast<int32_t>(u - in_req * page_size);
       if (in_req < num_req_pages) {
         const int64_t raw = static_cast<int64_t>(p.pages.indices[(page_begin + in_req) * p.pages.indices_stride]);
@@ -287,15 +279,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     if (half < n_halves) {
       const int64_t page = r.page >= 0 && (p.pages.num_pages < 0 || r.page < p.pages.num_pages) ? r.page : -1;
       const bool valid = page >= 0;
-      const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0);
-      const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0);
-      const uint32_t dst = s_kv + slot * C::kHalfBytes;
+      const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0) + ld_sub * 8;
+      const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0) + ld_sub * 8;
+      const uint32_t dst = s_kv + slot * C::kHalfBytes + ld_dst;
 #pragma unroll
-      for (int j = 0; j < kChunks / 8; ++j) {
-        const int c = ld_sub + 8 * j;
-        const uint16_t* src = c < kCkvDim / 8 ? crow + c * 8 : krow + (c - kCkvDim / 8) * 8;
-        cp_async16(dst + swz(ld_tok, c, kChunks), src, valid);
-      }
+      for (int j = 0; j < kCkvDim / 64; ++j) cp_async16(dst + 128 * j, crow + 64 * j, valid);
+      static_assert(kKpeDim == 64, "the kpe part of a row is one chunk per loader thread");
+      cp_async16(dst + 128 * (kCkvDim / 64), krow, valid);
       if (ld_sub == 0) s_valid[slot * kHalfTokens + ld_tok] = valid;
     }
     cp_async_commit();
@@ -328,6 +318,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   }
   PageRef next0 = fetch(R - 2), next1 = fetch(R - 1);
 
+  // This thread's row and swizzle offsets in the transposed V loads (P V).
+  const uint32_t v_lane = (((lane >> 3) & 1) * 8 + (lane & 7)) * kChunks * 16 + cs * C::kColsPerWarp * 2;
+  uint32_t v_off[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v_off[i] = 16 * ((2 * i + (lane >> 4)) ^ (lane & 7));
+
   int slot0 = 0;  // ring slot of half 2*it
   for (int64_t it = 0; it < n_tiles; ++it) {
     const int slot1 = slot0 + 1 == R ? 0 : slot0 + 1;
@@ -354,17 +350,34 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     if (group_active) {
       const int a_row = rg * 16 + (lane & 15);
       if constexpr (C::kTokPerWarp == 8) {
-        // One n-tile: each ldmatrix.x4 of K brings two k-steps.
+        // One n-tile: each ldmatrix.x4 of K brings two k-steps. Four
+        // accumulators, summed after: one would chain all 36 MMAs of the
+        // slab back to back, each waiting out the previous one's latency
+        // with only two warps per scheduler to cover it.
+        // Addresses without per-load arithmetic: chunk 4*kk + x of row r is
+        // at 16 * (72r + ((4kk + x) ^ (r & 7))), and for x < 4 that is
+        // 128 * (kk / 2) + 16 * ((x + 4 * (kk & 1)) ^ (r & 7)) past the
+        // row: a per-thread base plus one of two offsets plus a constant.
         const int k_row = slab_row + (lane & 7);
-#pragma unroll 6
+        const uint32_t y = lane & 7;  // the swizzle of k_row and a_row alike
+        const uint32_t kx = lane >> 3, qx = lane >> 4;
+        const uint32_t k_base = kv_slab + k_row * kChunks * 16, q_base = s_q + a_row * kChunks * 16;
+        const uint32_t k_off[2] = {16 * (kx ^ y), 16 * ((kx + 4) ^ y)};
+        const uint32_t q_off0[2] = {16 * (qx ^ y), 16 * ((qx + 4) ^ y)};
+        const uint32_t q_off1[2] = {16 * ((qx + 2) ^ y), 16 * ((qx + 6) ^ y)};
+        float acc[4][4] = {};
+#pragma unroll
         for (int kk = 0; kk < kChunks / 4; ++kk) {
+          const uint32_t hi = (kk >> 1) * 128;
           uint32_t b[4], a0[4], a1[4];
-          ldsm_x4(b, kv_slab + swz(k_row, kk * 4 + (lane >> 3), kChunks));
-          ldsm_x4(a0, s_q + swz(a_row, kk * 4 + (lane >> 4), kChunks));
-          ldsm_x4(a1, s_q + swz(a_row, kk * 4 + 2 + (lane >> 4), kChunks));
-          mma16816<kBf16>(s[0], a0, b[0], b[1]);
-          mma16816<kBf16>(s[0], a1, b[2], b[3]);
+          ldsm_x4(b, k_base + hi + k_off[kk & 1]);
+          ldsm_x4(a0, q_base + hi + q_off0[kk & 1]);
+          ldsm_x4(a1, q_base + hi + q_off1[kk & 1]);
+          mma16816<kBf16>(acc[(2 * kk) & 3], a0, b[0], b[1]);
+          mma16816<kBf16>(acc[(2 * kk + 1) & 3], a1, b[2], b[3]);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][e] = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
       } else {
         const int k_row = slab_row + ((lane >> 4) << 3) + (lane & 7);
 #pragma unroll 4
@@ -401,47 +414,30 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
-    // P of this slab against the warp's own maximum, so it can be stored
-    // before the group's maximum is known; one barrier then serves both the
-    // maxima and P (each slab is rescaled by exp2(m_warp - m_group) when it
-    // is read back for P V). A row that has seen nothing valid keeps
-    // m = -inf; exponentiate it against 0 so no inf - inf.
-    float l_tile[2] = {0.f, 0.f};
-    {
-      const float mu0 = mx[0] == -INFINITY ? 0.f : mx[0], mu1 = mx[1] == -INFINITY ? 0.f : mx[1];
-#pragma unroll
-      for (int j = 0; j < C::kSTiles; ++j) {
-        const float p0 = fast_exp2(s[j][0] - mu0), p1 = fast_exp2(s[j][1] - mu0);
-        const float p2 = fast_exp2(s[j][2] - mu1), p3 = fast_exp2(s[j][3] - mu1);
-        l_tile[0] += p0 + p1;
-        l_tile[1] += p2 + p3;
-        const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2;
-        const int r = rg * 16 + (lane >> 2);
-        const uint32_t in_chunk = (tok & 7) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r, tok >> 3, 8) + in_chunk), "r"(pack2<kBf16>(p0, p1)));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r + 8, tok >> 3, 8) + in_chunk),
-                     "r"(pack2<kBf16>(p2, p3)));
-      }
-    }
+    // The group's maximum first (one barrier), then P against it, stored
+    // once, then a second barrier before P V reads it. Exponentiating against
+    // each warp's own maximum would save that barrier but cost a rescale of
+    // every P fragment on the way into P V: an exp2 per slab and row, and an
+    // unpack, two multiplies and a repack per register, on the issue-bound
+    // path, plus a second bf16 rounding of P.
     if ((lane & 3) == 0) {
       s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2)] = mx[0];
       s_red[(rg * C::kColSplit + cs) * 16 + (lane >> 2) + 8] = mx[1];
     }
     __syncthreads();
 
-    // The group's new maximum; every warp of the group computes the same one.
+    // Every warp of the group computes the same maximum. A row that has seen
+    // nothing valid keeps m = -inf; exponentiate it against 0 so no inf - inf.
     const float* red_row = s_red + rg * C::kColSplit * 16 + (lane >> 2);
     float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float m_new = m_run[i];
+      float m_new = mx[i];
 #pragma unroll
       for (int c = 0; c < C::kColSplit; ++c) m_new = fmaxf(m_new, red_row[c * 16 + 8 * i]);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;
       const float alpha = fast_exp2(m_run[i] - m_use[i]);
-      // This warp's own slab was exponentiated against mx[i] (<= m_new).
-      const float own = mx[i] == -INFINITY ? 0.f : fast_exp2(mx[i] - m_use[i]);
-      l_run[i] = l_run[i] * alpha + l_tile[i] * own;
+      l_run[i] *= alpha;
       m_run[i] = m_new;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j) {
@@ -449,6 +445,20 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
         o[j][2 * i + 1] *= alpha;
       }
     }
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j) {
+      const float p0 = fast_exp2(s[j][0] - m_use[0]), p1 = fast_exp2(s[j][1] - m_use[0]);
+      const float p2 = fast_exp2(s[j][2] - m_use[1]), p3 = fast_exp2(s[j][3] - m_use[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int tok = cs * C::kTokPerWarp + j * 8 + (lane & 3) * 2;
+      const int r = rg * 16 + (lane >> 2);
+      const uint32_t in_chunk = (tok & 7) * 2;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r, tok >> 3, 8) + in_chunk), "r"(pack2<kBf16>(p0, p1)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_p + swz(r + 8, tok >> 3, 8) + in_chunk),
+                   "r"(pack2<kBf16>(p2, p3)));
+    }
+    __syncthreads();
 
     // O += P V, V = the first 512 dims of the tile, read transposed.
     if (group_active) {
@@ -456,26 +466,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
       for (int kt = 0; kt < kDecodeTileTokens / 16; ++kt) {
         uint32_t a[4];
         ldsm_x4(a, s_p + swz(rg * 16 + (lane & 15), kt * 2 + (lane >> 4), 8));
-        // Columns 0-7 and 8-15 of this A fragment come from the slabs of
-        // warps c_lo and c_hi: bring each to the group's maximum.
-        const int c_lo = kt * 16 / C::kTokPerWarp, c_hi = (kt * 16 + 8) / C::kTokPerWarp;
-        float f[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m_lo = red_row[c_lo * 16 + 8 * i], m_hi = red_row[c_hi * 16 + 8 * i];
-          f[0][i] = m_lo == -INFINITY ? 0.f : fast_exp2(m_lo - m_use[i]);
-          f[1][i] = m_hi == -INFINITY ? 0.f : fast_exp2(m_hi - m_use[i]);
-        }
-        a[0] = scale2<kBf16>(a[0], f[0][0]);
-        a[1] = scale2<kBf16>(a[1], f[0][1]);
-        a[2] = scale2<kBf16>(a[2], f[1][0]);
-        a[3] = scale2<kBf16>(a[3], f[1][1]);
-        const uint32_t kv_v = kt < 2 ? kv0 : kv1;
-        const int v_row = (kt & 1) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        // As for K above: chunk c0 + j + x (c0 = cs * kColsPerWarp / 8, a
+        // multiple of 8) of a row is 16 * (c0 + (j & ~7) + ((j % 8 + x) ^ (row & 7))).
+        const uint32_t v_half = (kt < 2 ? kv0 : kv1) + (kt & 1) * 16 * kChunks * 16 + v_lane;
 #pragma unroll
         for (int j = 0; j < C::kOTiles; j += 2) {
           uint32_t b[4];
-          ldsm_x4_trans(b, kv_v + swz(v_row, (cs * C::kColsPerWarp + j * 8) / 8 + (lane >> 4), kChunks));
+          ldsm_x4_trans(b, v_half + (j & ~7) * 16 + v_off[(j & 7) >> 1]);
           mma16816<kBf16>(o[j], a, b[0], b[1]);
           mma16816<kBf16>(o[j + 1], a, b[2], b[3]);
         }
