@@ -324,6 +324,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
 #pragma unroll
   for (int i = 0; i < 4; ++i) v_off[i] = 16 * ((2 * i + (lane >> 4)) ^ (lane & 7));
 
+  // 16-row tiles keep all of Q in registers once it has arrived (144 of
+  // them; ptxas still fits the kernel in 255 without spilling): every warp
+  // reads Q whole for each 8-token slab, which made Q two thirds of the
+  // shared-memory reads of Q K^T and left the kernel waiting on ldmatrix
+  // (1.01-1.04x instead of 1.08-1.10x the bare-read floor at 16 heads on the
+  // H200). 64-row tiles have no registers to spare for it.
+  constexpr bool kQInRegs = C::kTokPerWarp == 8;
+  constexpr int kQSteps = kChunks / 4;  // pairs of k-steps of 16
+  uint32_t q_reg[kQInRegs ? kQSteps : 1][2][4];
+
   int slot0 = 0;  // ring slot of half 2*it
   for (int64_t it = 0; it < n_tiles; ++it) {
     const int slot1 = slot0 + 1 == R ? 0 : slot0 + 1;
@@ -333,6 +343,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     // Tile `it` visible to all; every warp is done with tile it-1 (its slots,
     // P and the row maxima in s_red are free).
     __syncthreads();
+    if constexpr (kQInRegs) {
+      if (it == 0 && group_active) {
+        // Same addressing as the K loads below.
+        const uint32_t y = lane & 7, qx = lane >> 4;
+        const uint32_t q_base = s_q + (rg * 16 + (lane & 15)) * kChunks * 16;
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          const uint32_t hi = (kk >> 1) * 128;
+          ldsm_x4(q_reg[kk][0], q_base + hi + 16 * (((kk & 1) * 4 + qx) ^ y));
+          ldsm_x4(q_reg[kk][1], q_base + hi + 16 * (((kk & 1) * 4 + qx + 2) ^ y));
+        }
+      }
+    }
     issue(2 * it + R - 2, slot0 + R - 2 >= R ? slot0 - 2 : slot0 + R - 2, next0);
     issue(2 * it + R - 1, slot0 + R - 1 >= R ? slot0 - 1 : slot0 + R - 1, next1);
     next0 = fetch(2 * it + R);
@@ -359,22 +382,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
         // 128 * (kk / 2) + 16 * ((x + 4 * (kk & 1)) ^ (r & 7)) past the
         // row: a per-thread base plus one of two offsets plus a constant.
         const int k_row = slab_row + (lane & 7);
-        const uint32_t y = lane & 7;  // the swizzle of k_row and a_row alike
-        const uint32_t kx = lane >> 3, qx = lane >> 4;
-        const uint32_t k_base = kv_slab + k_row * kChunks * 16, q_base = s_q + a_row * kChunks * 16;
+        const uint32_t y = lane & 7, kx = lane >> 3;
+        const uint32_t k_base = kv_slab + k_row * kChunks * 16;
         const uint32_t k_off[2] = {16 * (kx ^ y), 16 * ((kx + 4) ^ y)};
-        const uint32_t q_off0[2] = {16 * (qx ^ y), 16 * ((qx + 4) ^ y)};
-        const uint32_t q_off1[2] = {16 * ((qx + 2) ^ y), 16 * ((qx + 6) ^ y)};
         float acc[4][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < kChunks / 4; ++kk) {
-          const uint32_t hi = (kk >> 1) * 128;
-          uint32_t b[4], a0[4], a1[4];
-          ldsm_x4(b, k_base + hi + k_off[kk & 1]);
-          ldsm_x4(a0, q_base + hi + q_off0[kk & 1]);
-          ldsm_x4(a1, q_base + hi + q_off1[kk & 1]);
-          mma16816<kBf16>(acc[(2 * kk) & 3], a0, b[0], b[1]);
-          mma16816<kBf16>(acc[(2 * kk + 1) & 3], a1, b[2], b[3]);
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          uint32_t b[4];
+          ldsm_x4(b, k_base + (kk >> 1) * 128 + k_off[kk & 1]);
+          mma16816<kBf16>(acc[(2 * kk) & 3], q_reg[kk][0], b[0], b[1]);
+          mma16816<kBf16>(acc[(2 * kk + 1) & 3], q_reg[kk][1], b[2], b[3]);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[0][e] = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
