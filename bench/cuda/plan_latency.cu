@@ -1,0 +1,202 @@
+// Host latency of the plan build against the round trips it is compared with,
+// measured from C++ (no Python in the way), on one GPU:
+//   nvcc -O2 -std=c++17 $(python3 -m mlacore --cflags) bench/cuda/plan_latency.cu \
+//        $(python3 -m mlacore --libs | sed 's/-Wl,/-Xlinker /g') -lcuda -o /tmp/plan_latency && /tmp/plan_latency
+// Columns (us per call, median of 7 rounds of 2000 calls):
+//   bare    cudaMemcpyAsync D2H of the three inputs' bytes into pinned memory + cudaStreamSynchronize
+//   launch  an empty kernel launch + cudaStreamSynchronize (the floor of any kernel round trip)
+//   build   mlacore_plan_build with device inputs (the exchange)
+//   dev     mlacore_plan_build_device + cudaStreamSynchronize (launch + the schedule kernel on the GPU)
+//   host    mlacore_plan_build with host inputs and a host metadata buffer (the schedule alone)
+// Prototype of a copy-engine exchange (no kernel): D2H copies of the inputs, then stream memory
+// operations (write "inputs ready" to mapped memory, wait for "schedule ready"), then an H2D
+// copy of the schedule; the host polls, schedules from the pinned inputs, releases:
+//   memops3 three cudaMemcpyAsync D2H + cuStreamBatchMemOp(write, wait) + H2D
+//   memopsB one cudaMemcpyBatchAsync for the three D2H + memop + H2D
+//   api_*   the host cost of single calls (the stream drained every 64 calls)
+// Measured on the H200 (2026-11-30): bare 6.5-7.4, launch 8.5-9.8, build 10.0-13.4 (1.4-2.0x bare),
+// memops3 19-24, memopsB 16.5-20.7, api d2h 1.7, h2d 2.8, launch 3.6-4.3: a kernel's round trip
+// alone costs 1.3-1.4x a copy's here, and stream memory operations are slower still.
+// (build with -lcuda for the prototype)
+#include <mlacore/mlacore.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+#define MCHECK(x)                                                                       \
+  do {                                                                                  \
+    if ((x) != MLACORE_OK) {                                                            \
+      std::fprintf(stderr, "%s: %s\n", #x, mlacore_last_error());                       \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+__global__ void empty_kernel() {}
+
+template <class F>
+double us_per_call(F&& f, int calls = 2000) {
+  for (int i = 0; i < 200; ++i) f();
+  std::vector<double> rounds;
+  for (int r = 0; r < 7; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) f();
+    rounds.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[3];
+}
+
+DLTensor vec(void* p, int64_t* shape, bool gpu) {
+  DLTensor t{};
+  t.data = p;
+  t.device = {gpu ? kDLCUDA : kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLInt, 32, 1};
+  t.shape = shape;
+  return t;
+}
+
+int main() {
+  CHECK(cudaSetDevice(0));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kMaxBatch = 256;
+  mlacore_plan* plan = nullptr;
+  mlacore_plan* host_plan = nullptr;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  MCHECK(mlacore_plan_create(kMaxBatch, 0, sms, &plan));
+  MCHECK(mlacore_plan_create(kMaxBatch, 0, sms, &host_plan));
+  int64_t mb = 0, mw = 0;
+  MCHECK(mlacore_plan_capacity(plan, &mb, &mw, nullptr));
+  int64_t total = mlacore_plan_metadata_size(mb, mw);
+  int32_t* meta = nullptr;
+  CHECK(cudaMalloc(&meta, total * 4));
+  std::vector<int32_t> host_meta(total + 4);
+  int32_t *d_in = nullptr, *pinned = nullptr;
+  CHECK(cudaMalloc(&d_in, 3 * (kMaxBatch + 1) * 4));
+  CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), (4096 + 8192) * 4, cudaHostAllocMapped));
+  for (int i = 0; i < 4096; ++i) pinned[i] = 0;
+  std::mt19937 g(0);
+  std::printf("%6s %8s %8s %8s %8s %8s %8s\n", "batch", "bare", "launch", "build", "x bare", "dev", "host");
+  for (int B : {1, 8, 16, 32, 64, 128, 256}) {
+    std::vector<int32_t> qo(B + 1), kv(B + 1), len(B);
+    for (int b = 0; b < B; ++b) {
+      len[b] = 1 + static_cast<int32_t>(g() % 4096);
+      qo[b + 1] = b + 1;
+      kv[b + 1] = kv[b] + (len[b] + 63) / 64;
+    }
+    CHECK(cudaMemcpy(d_in, qo.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d_in + (B + 1), kv.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(d_in + 2 * (B + 1), len.data(), B * 4, cudaMemcpyHostToDevice));
+    int64_t s1 = B + 1, s0 = B, sm = total;
+    DLTensor tq = vec(d_in, &s1, true), tk = vec(d_in + (B + 1), &s1, true), tl = vec(d_in + 2 * (B + 1), &s0, true);
+    DLTensor tm = vec(meta, &sm, true);
+    DLTensor hq = vec(qo.data(), &s1, false), hk = vec(kv.data(), &s1, false), hl = vec(len.data(), &s0, false);
+    DLTensor hm = vec(host_meta.data(), &sm, false);
+    const size_t bytes = (3 * B + 2) * 4;
+    const double bare = us_per_call([&] {
+      CHECK(cudaMemcpyAsync(pinned, d_in, bytes, cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    const double launch = us_per_call([&] {
+      empty_kernel<<<1, 32, 0, stream>>>();
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    const double build = us_per_call([&] { MCHECK(mlacore_plan_build(plan, &tq, &tk, &tl, 64, 16, &tm, stream)); });
+    const double dev = us_per_call([&] {
+      MCHECK(mlacore_plan_build_device(plan, &tq, &tk, &tl, 64, 16, &tm, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    const double host =
+        us_per_call([&] { MCHECK(mlacore_plan_build(host_plan, &hq, &hk, &hl, 64, 16, &hm, nullptr)); });
+    // --- copy-engine exchange prototype ---
+    uint64_t* ctl = reinterpret_cast<uint64_t*>(pinned + 1024);  // [0]: inputs ready, [16]: go
+    CUdeviceptr ctl_dev = 0;
+    CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&ctl_dev), ctl, 0));
+    static uint64_t seq = 0;
+    int32_t* host_in = pinned + 2048;  // qo | kv | len at their offsets
+    void* dsts[3] = {host_in, host_in + (B + 1), host_in + 2 * (B + 1)};
+    const void* srcs[3] = {d_in, d_in + (B + 1), d_in + 2 * (B + 1)};
+    size_t sizes[3] = {size_t(B + 1) * 4, size_t(B + 1) * 4, size_t(B) * 4};
+    int32_t* sched = pinned + 4096;
+    DLTensor pq = vec(host_in, &s1, false), pk = vec(host_in + (B + 1), &s1, false),
+             pl = vec(host_in + 2 * (B + 1), &s0, false), pm = vec(sched, &sm, false);
+    auto exchange = [&](bool batched) {
+      ++seq;
+      if (batched) {
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t idx = 0;
+        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
+      } else {
+        for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+      }
+      CUstreamBatchMemOpParams ops[2] = {};
+      ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+      ops[0].writeValue.address = ctl_dev;
+      ops[0].writeValue.value64 = seq;
+      ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+      ops[1].waitValue.address = ctl_dev + 128;
+      ops[1].waitValue.value64 = seq;
+      ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      if (cuStreamBatchMemOp(stream, 2, ops, 0) != CUDA_SUCCESS) { std::fprintf(stderr, "memop failed\n"); std::exit(1); }
+      CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream));
+      while (__atomic_load_n(ctl, __ATOMIC_ACQUIRE) != seq) {}
+      MCHECK(mlacore_plan_build(host_plan, &pq, &pk, &pl, 64, 16, &pm, nullptr));
+      __atomic_store_n(ctl + 16, seq, __ATOMIC_RELEASE);
+    };
+    static bool supported = [] {
+      int v = 0;
+      CUdevice d;
+      cuDeviceGet(&d, 0);
+      cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d);
+      std::printf("64-bit stream memops: %d\n", v);
+      return v != 0;
+    }();
+    double memops3 = -1, memopsB = -1;
+    if (supported) {
+      memops3 = us_per_call([&] { exchange(false); });
+      memopsB = us_per_call([&] { exchange(true); });
+      // correctness: the device metadata equals the host schedule
+      exchange(true);
+      CHECK(cudaStreamSynchronize(stream));
+      std::vector<int32_t> back(total);
+      CHECK(cudaMemcpy(back.data(), meta, total * 4, cudaMemcpyDeviceToHost));
+      MCHECK(mlacore_plan_build(host_plan, &hq, &hk, &hl, 64, 16, &hm, nullptr));
+      if (!std::equal(back.begin(), back.end(), host_meta.begin())) std::printf("MISMATCH at batch %d\n", B);
+    }
+    auto drained = [&](auto&& f) {
+      int n = 0;
+      return us_per_call([&] {
+        f();
+        if (++n % 64 == 0) CHECK(cudaStreamSynchronize(stream));  // counted: one sync per 64 calls
+      });
+    };
+    const double api_d2h = drained([&] { CHECK(cudaMemcpyAsync(pinned, d_in, bytes, cudaMemcpyDeviceToHost, stream)); });
+    const double api_h2d = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream)); });
+    const double api_launch = drained([&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+    std::printf("%6d %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | memops3 %6.2f (%4.2fx) memopsB %6.2f (%4.2fx) | api d2h %5.2f h2d %5.2f launch %5.2f\n",
+                B, bare, launch, build, build / bare, dev, host, memops3, memops3 / bare, memopsB, memopsB / bare,
+                api_d2h, api_h2d, api_launch);
+  }
+  CHECK(cudaStreamSynchronize(stream));
+  mlacore_plan_destroy(plan);
+  mlacore_plan_destroy(host_plan);
+  return 0;
+}
