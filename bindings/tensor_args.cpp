@@ -1,5 +1,6 @@
 #include "tensor_args.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -9,6 +10,14 @@ namespace {
 // Per-type cache of the exchange API. Python types that carry it are few
 // (torch.Tensor, nn.Parameter, ...), so a short linear table suffices; it
 // holds a reference to each type so a cached address is never reused.
+//
+// Those references are dropped again at interpreter exit (Python's atexit,
+// which runs before modules are torn down). A type pinned past shutdown pins
+// its methods and, through their __globals__, the dict of the module that
+// defined it, which the interpreter then never clears: every object that
+// module holds (an MlaPlan in a global, say) outlives Python, and nanobind's
+// exit check reports "leaked instances" of mlacore._mlacore.Plan. Any class
+// reaches the cache: a torch.Tensor subclass, or a wrong argument's type.
 struct ApiCacheEntry {
   PyTypeObject* type;
   const DLPackExchangeAPI* api;
@@ -16,6 +25,33 @@ struct ApiCacheEntry {
 constexpr int kApiCacheSize = 8;
 ApiCacheEntry api_cache[kApiCacheSize];
 int api_cache_used = 0;
+enum class CacheState { unregistered, open, closed };
+CacheState api_cache_state = CacheState::unregistered;
+
+void release_api_cache() {
+  // Stop caching first: a type's deallocation may run code that converts tensors.
+  api_cache_state = CacheState::closed;
+  ApiCacheEntry entries[kApiCacheSize];
+  const int n = api_cache_used;
+  std::copy(api_cache, api_cache + n, entries);
+  api_cache_used = 0;
+  for (int i = 0; i < n; ++i) Py_DECREF(entries[i].type);
+}
+
+// True when the cache may take a new entry: the first call registers the
+// release with atexit; after it ran (or if registering failed) nothing is cached.
+bool api_cache_open() {
+  if (api_cache_state == CacheState::unregistered) {
+    api_cache_state = CacheState::closed;
+    try {
+      nb::module_::import_("atexit").attr("register")(nb::cpp_function(&release_api_cache));
+      api_cache_state = CacheState::open;
+    } catch (const nb::python_error&) {
+      // e.g. during interpreter shutdown: run uncached (the error is cleared).
+    }
+  }
+  return api_cache_state == CacheState::open;
+}
 
 const DLPackExchangeAPI* lookup_api(PyTypeObject* type) {
   for (int i = 0; i < api_cache_used; ++i)
@@ -34,7 +70,7 @@ const DLPackExchangeAPI* lookup_api(PyTypeObject* type) {
     }
     Py_DECREF(capsule);
   }
-  if (api_cache_used < kApiCacheSize) {
+  if (api_cache_used < kApiCacheSize && api_cache_open()) {
     Py_INCREF(type);
     api_cache[api_cache_used++] = {type, api};
   }
