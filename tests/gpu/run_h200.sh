@@ -43,47 +43,58 @@ for step in $STEPS; do
     mesontest)
       meson test -C build/gpu --print-errorlogs 2>&1 | grep -E "Ok:|Fail:|FAIL" ;;
     sanitizer-all|sanitizer-all:*)
-      # Every test file under compute-sanitizer, one process per (file, tool), SAN_JOBS
+      # Every test file under compute-sanitizer, one process per (file, tool, chunk), SAN_JOBS
       # (default 8) at a time: the sanitizer is CPU-bound (16 cores) and the processes share
-      # the one GPU. SAN_TIMEOUT (s, default 420) bounds each process; 2 tools x 11 files at
-      # 8 a time can take three rounds of it, more than one 10-minute call: run
-      # sanitizer-all:memcheck and sanitizer-all:racecheck in separate calls, or raise SAN_JOBS.
+      # the one GPU. SAN_SPLIT=N (default 1) splits each file's tests into N chunks of test ids,
+      # one process each, for files too slow for one process. SAN_TIMEOUT (s, default 420)
+      # bounds each process. SAN_FILES="test_a.py test_b.py" runs some files only.
       # MLACORE_PLAN_SYNC: as for sanitizer:*; MLACORE_HYPOTHESIS_PROFILE caps property
       # tests (tests/conftest.py); MLACORE_LEAK_REPORT lists what still holds plans at the end.
       tools="memcheck racecheck"; [ "$step" = sanitizer-all ] || tools=$(echo "${step#sanitizer-all:}" | tr ',' ' ')
       san_dir="$OUT/sanitizer"; rm -rf "$san_dir"; mkdir -p "$san_dir"
-      san_one() {  # tool file: one sanitizer process; log and exit status in $san_dir
-        local base="$san_dir/$(basename "$2" .py).$1"
+      san_one() {  # tool file [ids-file]: one sanitizer process; log and exit status in $san_dir
+        local base="$san_dir/$(basename "$(basename "${3:-$2}" .ids)" .py).$1" targets=("$2")
+        [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
         (cd /tmp && MLACORE_PLAN_SYNC=1 MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
           timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 \
-          python3 -m pytest -q -rs -p no:cacheprovider "$2") > "$base.log" 2>&1
+          python3 -m pytest -q -rs -p no:cacheprovider "${targets[@]}") > "$base.log" 2>&1
         echo $? > "$base.rc"
       }
       export -f san_one; export san_dir
       # The slowest files first, so they do not start in the last wave.
-      # SAN_FILES="test_a.py test_b.py" reruns some files only.
       pick=$(echo "${SAN_FILES:-test_.*\.py}" | sed -E 's/ +/|/g')
       files=$(ls "$ROOT"/tests/test_*.py | awk '{ print ($0 ~ /test_(decode|append|plan|edge_cases)\.py$/) ? 0 : 1, $0 }' \
         | sort -s -k1,1n | cut -d' ' -f2- | grep -E "/($pick)\$")
-      for f in $files; do for tool in $tools; do echo "$tool $f"; done; done \
-        | xargs -P "${SAN_JOBS:-8}" -L 1 bash -c 'san_one "$@"' san_one
+      split=${SAN_SPLIT:-1}
       for f in $files; do
-        for tool in $tools; do
-          base="$san_dir/$(basename "$f" .py).$tool"
-          rc=$(cat "$base.rc" 2>/dev/null || echo "?")
-          case $rc in 124|137) rc="$rc(timeout ${SAN_TIMEOUT:-420}s)" ;; esac
-          last=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error|errors|xfailed|xpassed)|no tests ran" \
-            "$base.log" | tail -1)
-          summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" | tail -1 | sed 's/^=* *//')
-          # Child interpreters (subprocess tests) are sanitized too and print their own summaries.
-          nsum=$(grep -cE "(ERROR|RACECHECK) SUMMARY" "$base.log")
-          bad=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" \
-            | grep -cvE "ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors, 0 warnings\)")
-          extra=""; [ "$nsum" -le 1 ] && [ "$bad" -eq 0 ] || extra=" ($nsum summaries, $bad not clean)"
-          leak=$(grep -E "^nanobind: leaked [0-9]+ instances" "$base.log" | head -1)
-          held=$(grep -E "^mlacore leak report: [1-9]|^mlacore leak report: 0 .* and [1-9]" "$base.log" | head -1)
-          echo "$(basename "$f") $tool: rc=$rc | ${last:-no pytest summary} | ${summary:-no sanitizer summary}$extra${leak:+ | $leak}${held:+ | $held}"
-        done
+        if [ "$split" -gt 1 ]; then
+          # Round-robin over the collected test ids, so each chunk gets a share of every kind.
+          (cd /tmp && python3 -m pytest -q --collect-only -p no:cacheprovider "$f" 2>/dev/null) | grep "::" \
+            | awk -v n="$split" -v d="$san_dir" -v b="$(basename "$f" .py)" -v r="$ROOT/" \
+                '{ print r $0 > (d "/" b ".c" (NR % n) ".ids") }'
+        fi
+      done
+      jobs() {
+        for f in $files; do for tool in $tools; do
+          ids=$(ls "$san_dir/$(basename "$f" .py)".c*.ids 2>/dev/null)
+          if [ -n "$ids" ]; then for i in $ids; do echo "$tool $f $i"; done; else echo "$tool $f"; fi
+        done; done
+      }
+      jobs | xargs -P "${SAN_JOBS:-8}" -L 1 bash -c 'san_one "$@"' san_one
+      for rcf in $(ls "$san_dir"/*.rc | sort); do
+        base=${rcf%.rc}; rc=$(cat "$rcf")
+        case $rc in 124|137) rc="$rc(timeout ${SAN_TIMEOUT:-420}s)" ;; esac
+        last=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error|errors|xfailed|xpassed)|no tests ran" \
+          "$base.log" | tail -1)
+        summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" | tail -1 | sed 's/^=* *//')
+        # Child interpreters (subprocess tests) are sanitized too and print their own summaries.
+        nsum=$(grep -cE "(ERROR|RACECHECK) SUMMARY" "$base.log")
+        bad=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" \
+          | grep -cvE "ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors, 0 warnings\)")
+        extra=""; [ "$nsum" -le 1 ] && [ "$bad" -eq 0 ] || extra=" ($nsum summaries, $bad not clean)"
+        leak=$(grep -E "^nanobind: leaked [0-9]+ instances" "$base.log" | head -1)
+        held=$(grep -E "^mlacore leak report: [1-9]|^mlacore leak report: 0 .* and [1-9]" "$base.log" | head -1)
+        echo "$(basename "$base"): rc=$rc | ${last:-no pytest summary} | ${summary:-no sanitizer summary}$extra${leak:+ | $leak}${held:+ | $held}"
       done | tee "$OUT/sanitizer-summary.txt"
       tar -czf "$OUT/sanitizer-logs.tar.gz" -C "$OUT" sanitizer && rm -rf "$san_dir"
       echo "logs: sanitizer-logs.tar.gz ($(wc -c < "$OUT/sanitizer-logs.tar.gz") bytes)" ;;
