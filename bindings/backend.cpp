@@ -1,9 +1,13 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backend.h"
 #include "bindings.h"
@@ -57,6 +61,19 @@ void bind_backend(nb::module_& m) {
     const char* reason = "";
     check(mlacore_backend_info(name, &available, &reason));
     return std::make_pair(available != 0, std::string(reason));
+  });
+
+  // What the probe found: (abi_version, library path, entry point names).
+  m.def("aiter_library_info", [] {
+    int32_t abi = 0;
+    const char* path = "";
+    uint32_t entries = 0;
+    check(mlacore_aiter_library_info(&abi, &path, &entries));
+    std::vector<std::string> names;
+    if (entries & MLACORE_AITER_ENTRY_DECODE) names.emplace_back("mla_decode_stage1_asm_fwd");
+    if (entries & MLACORE_AITER_ENTRY_CONCAT_MLA) names.emplace_back("aiter_concat_and_cache_mla");
+    if (entries & MLACORE_AITER_ENTRY_RESHAPE_FLASH) names.emplace_back("aiter_reshape_and_cache_flash");
+    return std::make_tuple(abi, std::string(path), names);
   });
 
   // The installed aiter package's MLA library, found by the Python layer;

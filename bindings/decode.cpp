@@ -1,5 +1,6 @@
 #include <mlacore/decode.h>
 
+#include "backend.h"
 #include "bindings.h"
 #include "tensor_args.h"
 
@@ -18,7 +19,8 @@ void bind_decode(nb::module_& m) {
          nb::handle kv_indptr, nb::handle qo_indptr, nb::handle kv_len, nb::handle metadata, nb::handle workspace,
          nb::handle out, nb::handle lse, int64_t max_batch, int64_t max_work, int64_t max_qo_len, int64_t max_partials,
          int64_t page_size,
-         float sm_scale, bool causal, bool portable, nb::handle stream) {
+         float sm_scale, bool causal, bool portable, const char* backend, nb::handle stream) {
+        const int32_t b = parse_backend(backend);
         TensorArg a[12];
         convert(q_nope, "q_nope", a[0]);
         convert(q_pe, "q_pe", a[1]);
@@ -33,17 +35,18 @@ void bind_decode(nb::module_& m) {
         convert(out, "out", a[10]);
         convert_optional(lse, "lse", a[11]);
         const uint32_t flags = (causal ? MLACORE_DECODE_CAUSAL : 0u) | (portable ? MLACORE_DECODE_PORTABLE : 0u);
-        check(mlacore_mla_decode(a[0].get(), a[1].get(), a[2].get(), a[3].get(), a[4].get(), a[5].get(), a[6].get(),
-                                 a[7].get(), a[8].get(), a[9].get(), a[10].get(), a[11].get(),
-                                 mlacore_decode_dims{max_batch, max_work, max_qo_len, max_partials}, page_size, sm_scale, flags,
-                                 stream_for(a[0], stream)));
+        check(mlacore_mla_decode_backend(a[0].get(), a[1].get(), a[2].get(), a[3].get(), a[4].get(), a[5].get(),
+                                         a[6].get(), a[7].get(), a[8].get(), a[9].get(), a[10].get(), a[11].get(),
+                                         mlacore_decode_dims{max_batch, max_work, max_qo_len, max_partials}, page_size,
+                                         sm_scale, flags, b, stream_for(a[0], stream)));
       },
       nb::arg("q_nope").none(), nb::arg("q_pe").none(), nb::arg("ckv_cache").none(), nb::arg("kpe_cache").none(),
       nb::arg("kv_indices").none(), nb::arg("kv_indptr").none(), nb::arg("qo_indptr").none(),
       nb::arg("kv_len").none(), nb::arg("metadata").none(), nb::arg("workspace").none(), nb::arg("out").none(),
       nb::arg("lse").none(), nb::arg("max_batch"), nb::arg("max_work"), nb::arg("max_qo_len"),
       nb::arg("max_partials"), nb::arg("page_size"),
-      nb::arg("sm_scale"), nb::arg("causal"), nb::arg("portable") = false, nb::arg("stream").none() = nb::none());
+      nb::arg("sm_scale"), nb::arg("causal"), nb::arg("portable") = false, nb::arg("backend") = "auto",
+      nb::arg("stream").none() = nb::none());
 }
 
 }  // namespace mlacore::bind

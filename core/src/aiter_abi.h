@@ -62,6 +62,24 @@ typedef void (*mla_decode_stage1_asm_fwd_fn)(
     aiter_tensor_t* output, aiter_tensor_t* lse, aiter_tensor_t* q_scale, aiter_tensor_t* kv_scale,
     aiter_stream_t stream);
 
+// The cache writes. AITER exports these only as torch ops
+// (concat_and_cache_mla, reshape_and_cache_flash); these C entry points are
+// mlacore's ABI v1 for a shim built against a pinned AITER (docs/AITER.md),
+// taking the torch ops' arguments in the same order. Optional: a library
+// without them still serves decode, and the appends stay native.
+// kv_cache_dtype is "auto" (mlacore passes nothing else: fp8 caches are not
+// routed). Scales are device float tensors of one element, which AITER always
+// dereferences. Slots < 0 are skipped. Return 0 on success; anything else is
+// a failure the shim could not report otherwise (it must catch every C++
+// exception: none may cross an extern "C" boundary).
+typedef int (*aiter_concat_and_cache_mla_fn)(aiter_tensor_t* kv_c, aiter_tensor_t* k_pe, aiter_tensor_t* kv_cache,
+                                             aiter_tensor_t* slot_mapping, const char* kv_cache_dtype,
+                                             aiter_tensor_t* scale, aiter_stream_t stream);
+typedef int (*aiter_reshape_and_cache_flash_fn)(aiter_tensor_t* key, aiter_tensor_t* value, aiter_tensor_t* key_cache,
+                                                aiter_tensor_t* value_cache, aiter_tensor_t* slot_mapping,
+                                                const char* kv_cache_dtype, aiter_tensor_t* k_scale,
+                                                aiter_tensor_t* v_scale, aiter_stream_t stream);
+
 // mlacore's version-symbol convention (docs/AITER.md): a library that wants to
 // be called exports `int aiter_c_abi_version(void)`; mlacore calls only the
 // versions it knows. Released AITER builds do not export it yet.
@@ -69,6 +87,8 @@ typedef int (*aiter_c_abi_version_fn)(void);
 
 #define MLACORE_AITER_ENTRY_SYMBOL "mla_decode_stage1_asm_fwd"
 #define MLACORE_AITER_VERSION_SYMBOL "aiter_c_abi_version"
+#define MLACORE_AITER_CONCAT_MLA_SYMBOL "aiter_concat_and_cache_mla"
+#define MLACORE_AITER_RESHAPE_FLASH_SYMBOL "aiter_reshape_and_cache_flash"
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -91,6 +91,12 @@ void load(AiterLibrary& lib) {
     return;
   }
   lib.mla_decode_stage1 = entry;
+  // Optional: their absence is not a refusal (decode still routes), only a
+  // reason the appends stay native (backend_route.cpp says which).
+  lib.concat_and_cache_mla =
+      reinterpret_cast<aiter_concat_and_cache_mla_fn>(dlsym(handle, MLACORE_AITER_CONCAT_MLA_SYMBOL));
+  lib.reshape_and_cache_flash =
+      reinterpret_cast<aiter_reshape_and_cache_flash_fn>(dlsym(handle, MLACORE_AITER_RESHAPE_FLASH_SYMBOL));
   lib.loaded = true;
 }
 
@@ -129,10 +135,21 @@ bool aiter_set_library_path(const char* path, std::string* why) {
 
 namespace {
 
+std::string shape_text(const DLTensor& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.ndim && i < 16; ++i) s << (i ? ", " : "") << t.shape[i];
+  if (t.ndim > 16) s << ", ...";
+  s << (t.ndim == 1 ? ",)" : ")");
+  return s.str();
+}
+
+}  // namespace
+
 // Only dtypes whose AITER meaning does not depend on the GPU. fp8 is left
 // out on purpose: AITER's fp8 is e4m3fnuz on gfx942 and e4m3fn on gfx950,
 // so a DLPack fp8 maps to it only once the caller knows the arch.
-bool aiter_dtype(DLDataType t, AiterDtype* out) {
+bool to_aiter_dtype(DLDataType t, AiterDtype* out) {
   if (t.lanes != 1) return false;
   switch (t.code) {
     case kDLFloat:
@@ -157,16 +174,37 @@ bool aiter_dtype(DLDataType t, AiterDtype* out) {
   }
 }
 
-std::string shape_text(const DLTensor& t) {
-  std::ostringstream s;
-  s << "(";
-  for (int i = 0; i < t.ndim && i < 16; ++i) s << (i ? ", " : "") << t.shape[i];
-  if (t.ndim > 16) s << ", ...";
-  s << (t.ndim == 1 ? ",)" : ")");
-  return s.str();
+aiter_tensor_t aiter_view(void* ptr, AiterDtype dtype, int device_id, std::initializer_list<int64_t> shape,
+                          std::initializer_list<int64_t> strides) {
+  aiter_tensor_t t;
+  std::memset(&t, 0, sizeof t);
+  t.ptr = ptr;
+  t.ndim = static_cast<int>(shape.size() < MLACORE_AITER_MAX_DIMS ? shape.size() : MLACORE_AITER_MAX_DIMS);
+  t.dtype_ = dtype;
+  t.device_id = device_id;
+  uint64_t numel = 1;
+  int i = 0;
+  for (int64_t s : shape) {
+    if (i == t.ndim) break;
+    t.shape[i++] = s;
+    numel *= static_cast<uint64_t>(s > 0 ? s : 0);
+  }
+  t.numel_ = static_cast<size_t>(numel);
+  if (strides.size() == shape.size()) {
+    i = 0;
+    for (int64_t s : strides) {
+      if (i == t.ndim) break;
+      t.strides[i++] = s;
+    }
+  } else {
+    int64_t compact = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      t.strides[d] = compact;
+      compact *= t.shape[d] > 0 ? t.shape[d] : 1;
+    }
+  }
+  return t;
 }
-
-}  // namespace
 
 bool to_aiter_tensor(const DLTensor& t, aiter_tensor_t* out, std::string* why) {
   auto fail = [&](const std::string& text) {
@@ -190,7 +228,7 @@ bool to_aiter_tensor(const DLTensor& t, aiter_tensor_t* out, std::string* why) {
     return fail(s.str());
   }
   AiterDtype dtype{};
-  if (!aiter_dtype(t.dtype, &dtype)) {
+  if (!to_aiter_dtype(t.dtype, &dtype)) {
     std::ostringstream s;
     s << "expected float16, bfloat16, float32 or an 8-64 bit integer dtype with one lane, got DLPack dtype (code "
       << static_cast<int>(t.dtype.code) << ", bits " << static_cast<int>(t.dtype.bits) << ", lanes "

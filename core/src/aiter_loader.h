@@ -10,6 +10,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "aiter_abi.h"
@@ -25,6 +26,10 @@ struct AiterLibrary {
   std::string path;    // the file opened or tried ("" when none was given)
   int abi_version = 0;
   mla_decode_stage1_asm_fwd_fn mla_decode_stage1 = nullptr;
+  // Optional entry points of ABI v1 (a shim's cache writes); NULL when the
+  // library lacks them, which leaves the appends native and says so.
+  aiter_concat_and_cache_mla_fn concat_and_cache_mla = nullptr;
+  aiter_reshape_and_cache_flash_fn reshape_and_cache_flash = nullptr;
 };
 
 // Loads once per process under std::call_once; a failure is cached with its
@@ -43,5 +48,15 @@ bool aiter_set_library_path(const char* path, std::string* why);
 // without an unambiguous AiterDtype, a device other than ROCm (or CPU, which
 // only the contract test's fake library reads).
 bool to_aiter_tensor(const DLTensor& t, aiter_tensor_t* out, std::string* why);
+
+// The AiterDtype of a DLPack dtype, false for those without an unambiguous
+// one (see to_aiter_tensor).
+bool to_aiter_dtype(DLDataType t, AiterDtype* out);
+
+// A tensor the routes describe themselves (a workspace section, the
+// combined view of two cache halves): shape and strides in elements,
+// compact row-major when `strides` is empty.
+aiter_tensor_t aiter_view(void* ptr, AiterDtype dtype, int device_id, std::initializer_list<int64_t> shape,
+                          std::initializer_list<int64_t> strides = {});
 
 }  // namespace mlacore

@@ -25,6 +25,13 @@ struct Probe {
 // Probed once per process, thread-safe; never throws.
 const Probe& aiter_probe();
 
+// Test hook for the contract test only: MLACORE_AITER_CPU_CONTRACT=1 in the
+// environment (read once per process) lets the device gate accept CPU
+// tensors, so tests/cpp/test_aiter_routes.cpp drives the AITER routes
+// against the fake AITER of tests/cpp/fake_aiter.cpp on the host. Real AITER
+// kernels read device memory: never set it outside that test.
+bool aiter_cpu_contract();
+
 // value_error unless `requested` is an mlacore_backend.
 Backend parse_backend(int32_t requested);
 

@@ -2,6 +2,7 @@
 // executes the planned schedule exactly as the GPU does (work items writing
 // outputs or fp32 partials, then the LSE combine), so CPU tests check the
 // schedule and the combine, not only the attention arithmetic.
+#include <mlacore/backend.h>
 #include <mlacore/decode.h>
 
 #include <algorithm>
@@ -12,10 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "aiter_decode.h"
+#include "backend_route.h"
 #include "decode_schedule.h"
 #include "dispatch.h"
 #include "decode_numeric.h"
 #include "error.h"
+#include "kv_layout.h"
 #include "mla_decode.h"
 #include "tensor.h"
 
@@ -259,11 +263,37 @@ void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& 
   p.causal = causal;
 }
 
+// The facts routing looks at (backend_route.cpp decides; aiter_decode.cpp
+// runs what it admits).
+mlacore_route_request route_request(const Arg& qn, const Arg& ckv, const Arg& kpe, const Arg& ws,
+                                    std::initializer_list<const Arg*> indices, const mlacore_decode_dims& dims,
+                                    int64_t page_size, int64_t batch, bool causal) {
+  mlacore_route_request r{};
+  r.op = MLACORE_ROUTE_DECODE_MLA;
+  r.device_type = qn.dl().device.device_type;
+  r.dtype = qn.dl().dtype;
+  r.layout = MLACORE_LAYOUT_NHD;
+  r.page_size = page_size;
+  r.head_dim = ckv.size(2);
+  r.head_dim_pe = kpe.size(2);
+  r.adjacent = kv_halves_adjacent(ckv, kpe);
+  r.num_heads = qn.size(1);
+  r.max_qo_len = dims.max_qo_len;
+  r.causal = causal;
+  r.index_int32 = 1;
+  for (const Arg* a : indices)
+    if (a->dtype() != DType::I32 || (a->size(0) > 1 && a->stride(0) != 1)) r.index_int32 = 0;
+  r.batch = batch;
+  r.workspace_bytes = ws.numel() * itemsize(ws.dtype());
+  r.page_stride = ckv.size(0) > 1 ? ckv.stride(0) : 0;
+  return r;
+}
+
 void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ckv_t, const DLTensor* kpe_t,
             const DLTensor* kv_indices_t, const DLTensor* kv_indptr_t, const DLTensor* qo_indptr_t,
             const DLTensor* kv_len_t, const DLTensor* metadata_t, const DLTensor* workspace_t, const DLTensor* out_t,
             const DLTensor* lse_t, mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags,
-            void* stream) {
+            int32_t backend, void* stream) {
   const Arg qn(q_nope_t, "q_nope"), qp(q_pe_t, "q_pe"), ckv(ckv_t, "ckv_cache"), kpe(kpe_t, "kpe_cache");
   const Arg kv_indices(kv_indices_t, "kv_indices"), kv_indptr(kv_indptr_t, "kv_indptr");
   const Arg qo_indptr(qo_indptr_t, "qo_indptr"), kv_len(kv_len_t, "kv_len");
@@ -354,6 +384,26 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   if (!std::isfinite(sm_scale)) value_error("sm_scale: expected a finite number, got ", sm_scale);
 
   const Where where = where_to_run(qn);
+  const bool causal = (flags & MLACORE_DECODE_CAUSAL) != 0;
+  Backend requested = parse_backend(backend);
+  if (flags & MLACORE_DECODE_PORTABLE) {
+    // The portable kernel is a native one: it cannot be had from AITER.
+    if (requested == Backend::Aiter)
+      value_error("flags: MLACORE_DECODE_PORTABLE asks for mlacore's portable kernel, which backend='aiter' "
+                  "cannot run");
+    requested = Backend::Native;
+  }
+  if (requested != Backend::Native) {
+    const mlacore_route_request req = route_request(qn, ckv, kpe, ws, {&kv_indices, &kv_indptr, &qo_indptr, &kv_len},
+                                                    dims, page_size, batch, causal);
+    if (route(req, requested, false).backend == Backend::Aiter) {
+      const AiterDecodeCall call{&qn, &qp, &ckv, &kv_indices, &kv_indptr, &qo_indptr, &kv_len, &md,
+                                 ScheduleLayout{dims.max_batch, dims.max_work}.last_page_len(), &ws, &out,
+                                 lse ? &*lse : nullptr, dims.max_qo_len, page_size, sm_scale};
+      run_aiter_decode(call, stream);
+      return;
+    }
+  }
   if (where == Where::GPU) {
     expect_vector_aligned(qn, {0, 1});
     expect_vector_aligned(qp, {0, 1});
@@ -364,7 +414,6 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
       value_error("out: the GPU kernels write 8-byte groups, so data must be 8-byte aligned and strides multiples "
                   "of 4 elements, got ", out.describe());
   }
-  const bool causal = (flags & MLACORE_DECODE_CAUSAL) != 0;
   const DecodeDType dtype = qn.dtype() == DType::BF16 ? DecodeDType::BF16 : DecodeDType::F16;
 
   auto run = [&](auto tag) {
@@ -406,7 +455,18 @@ MLACORE_API mlacore_status mlacore_mla_decode(
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, void* stream) {
   return mlacore::guarded([&] {
     mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
-                    dims, page_size, sm_scale, flags, stream);
+                    dims, page_size, sm_scale, flags, MLACORE_BACKEND_AUTO, stream);
+  });
+}
+
+MLACORE_API mlacore_status mlacore_mla_decode_backend(
+    const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
+    const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
+    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, int32_t backend, void* stream) {
+  return mlacore::guarded([&] {
+    mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
+                    dims, page_size, sm_scale, flags, backend, stream);
   });
 }
 

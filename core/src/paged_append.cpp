@@ -1,5 +1,6 @@
 // Paged append: validation, backend routing, strict-mode checks, the CPU path
-// and the C entry points. The GPU kernel is in paged_append.cu.
+// and the C entry points. The GPU kernel is in paged_append.cu, the AITER
+// route in aiter_cache_write.cpp.
 #include <mlacore/backend.h>
 #include <mlacore/paged_append.h>
 
@@ -8,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "aiter_cache_write.h"
+#include "aiter_loader.h"
 #include "backend_route.h"
 #include "dispatch.h"
 #include "error.h"
@@ -191,12 +194,25 @@ void run_cpu(const Job& job, const PageTable<Idx>& t) {
 
 // ---- routing and execution ----------------------------------------------------
 
+aiter_tensor_t aiter_tensor(const Arg& a) {
+  aiter_tensor_t t;
+  std::string why;
+  if (!to_aiter_tensor(a.dl(), &t, &why)) runtime_error(a.name(), ": cannot be handed to AITER: ", why);
+  return t;
+}
+
+AiterDtype aiter_cache_dtype(const Arg& cache) {
+  AiterDtype dt{};
+  if (!to_aiter_dtype(cache.dl().dtype, &dt)) runtime_error(cache.name(), ": no AITER dtype for ", cache.describe());
+  return dt;
+}
+
+// `make_aiter` describes the call to AITER's cache writes; it runs only when
+// the route picks AITER, so native calls build nothing for it.
+template <class MakeAiter>
 void execute(const char* op, const Job& job, const Arg& anchor, const mlacore_route_request& request,
-             int32_t backend, int32_t strict, void* stream) {
-  if (route(request, parse_backend(backend), false).backend == Backend::Aiter)
-    // route() hands out AITER only once its probe succeeds, which needs the
-    // runtime loader; reaching here means the two went out of step.
-    runtime_error(op, ": routed to AITER, but this libmlacore has no AITER append");
+             int32_t backend, int32_t strict, void* stream, MakeAiter&& make_aiter) {
+  const bool aiter = route(request, parse_backend(backend), false).backend == Backend::Aiter;
   const Where where = where_to_run(anchor);
   if (strict != 0 || strict_from_env()) {
     if (where == Where::CPU) {
@@ -208,6 +224,10 @@ void execute(const char* op, const Job& job, const Arg& anchor, const mlacore_ro
     }
   }
   if (job.nnz == 0) return;
+  if (aiter) {
+    run_aiter_cache_write(op, make_aiter(), job, stream);
+    return;
+  }
 #if !defined(MLACORE_WITH_GPU)
   (void)stream;  // CPU-only build: where_to_run() has already refused GPU tensors
 #endif
@@ -272,7 +292,20 @@ void append_mla(const DLTensor* append_ckv, const DLTensor* append_kpe, const DL
   req.head_dim = dc;
   req.head_dim_pe = dp;
   req.adjacent = kv_halves_adjacent(cc, kc);
-  execute("append_paged_mla_kv_cache", job, cc, req, backend, strict, stream);
+  execute("append_paged_mla_kv_cache", job, cc, req, backend, strict, stream, [&] {
+    // concat_and_cache_mla(kv_c, k_pe, kv_cache [P, S, 576], ...): the
+    // combined view of the two halves (the adjacency gate passed), with the
+    // parent's page and token strides, which the op honours.
+    AiterCacheWrite w{};
+    w.op = MLACORE_ROUTE_APPEND_MLA;
+    w.src[0] = aiter_tensor(ckv);
+    w.src[1] = aiter_tensor(kpe);
+    w.cache[0] = aiter_view(cc.data(), aiter_cache_dtype(cc), cc.device_id(), {pages, page_size, dc + dp},
+                            {cc.stride(0), page_size > 1 ? cc.stride(1) : dc + dp, 1});
+    w.on_cpu = cc.on_cpu();
+    w.device = cc.device_id();
+    return w;
+  });
 }
 
 // One paged K or V cache as the kernel addresses it.
@@ -308,6 +341,9 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   const int64_t dim = kc.size(first + 2);
   const KvView kview{kc.ptr<char>(), bstride(kc, 0, es), bstride(kc, tok_dim, es), bstride(kc, head_dim, es)};
   KvView vview = kview;
+  // Element strides (page, token, head) of each cache, for AITER's views.
+  int64_t k_strides[3] = {kc.stride(0), kc.stride(tok_dim), kc.stride(head_dim)};
+  int64_t v_strides[3] = {k_strides[0], k_strides[1], k_strides[2]};
   bool dense = kc.stride(tok_dim) == heads * dim && kc.stride(head_dim) == dim;
   if (fused) {
     vview.base = kc.ptr<char>() + kc.stride(1) * es;
@@ -319,7 +355,12 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
     for (int d = 0; d < 4; ++d) vc.expect_size(d, kc.size(d), "as paged_kv_cache[0]");
     vc.expect_last_dim_contiguous();
     vview = {vc.ptr<char>(), bstride(vc, 0, es), bstride(vc, tok_dim, es), bstride(vc, head_dim, es)};
-    dense = dense && vc.stride(tok_dim) == heads * dim && vc.stride(head_dim) == dim;
+    v_strides[0] = vc.stride(0);
+    v_strides[1] = vc.stride(tok_dim);
+    v_strides[2] = vc.stride(head_dim);
+    // reshape_and_cache_flash reads one page stride (key_cache's) for both.
+    dense = dense && vc.stride(tok_dim) == heads * dim && vc.stride(head_dim) == dim &&
+            (pages == 1 || vc.stride(0) == kc.stride(0));
   }
 
   int64_t nnz = 0;
@@ -353,7 +394,24 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   req.head_dim = dim;
   req.head_dim_pe = 0;
   req.adjacent = dense;
-  execute("append_paged_kv_cache", job, kc, req, backend, strict, stream);
+  req.sources_strided = heads > 1 && (key.stride(1) != dim || value.stride(1) != dim);
+  execute("append_paged_kv_cache", job, kc, req, backend, strict, stream, [&] {
+    // reshape_and_cache_flash(key, value, key_cache, value_cache [P, S, H, D], ...):
+    // NHD views of the two caches (for a fused [P, 2, S, H, D] cache, its
+    // K and V halves), with their real page strides.
+    AiterCacheWrite w{};
+    w.op = MLACORE_ROUTE_APPEND_KV;
+    w.src[0] = aiter_tensor(key);
+    w.src[1] = aiter_tensor(value);
+    const AiterDtype dt = aiter_cache_dtype(kc);
+    w.cache[0] = aiter_view(kview.base, dt, kc.device_id(), {pages, page_size, heads, dim},
+                            {k_strides[0], k_strides[1], k_strides[2], 1});
+    w.cache[1] = aiter_view(vview.base, dt, kc.device_id(), {pages, page_size, heads, dim},
+                            {v_strides[0], v_strides[1], v_strides[2], 1});
+    w.on_cpu = kc.on_cpu();
+    w.device = kc.device_id();
+    return w;
+  });
 }
 
 }  // namespace

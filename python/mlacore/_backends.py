@@ -43,10 +43,14 @@ _hand_over_aiter_library()
 def backends() -> dict:
     """Availability of every backend, e.g.
     {"native": {"available": True, "devices": ["cpu", "cuda"]},
-     "aiter": {"available": False, "reason": "..."}}.
+     "aiter": {"available": False, "reason": "...", "abi_version": 0, "library": "", "entry_points": []}}.
 
     The AITER probe runs once per process; `backend="auto"` falls back to
     native whenever AITER is unavailable or a call fails one of its gates.
+    For AITER: `abi_version` is what the library's aiter_c_abi_version()
+    returned (0 when it was not read), `library` the file opened or tried,
+    `entry_points` the C entry points of mlacore's AITER ABI it exports (the
+    decode always; the cache writes only from a shim, see docs/AITER.md).
     """
     out = {}
     for name in _NAMES:
@@ -56,5 +60,8 @@ def backends() -> dict:
             entry["devices"] = ["cpu"] + [d for d in ("cuda", "hip") if _mlacore.built_with(d)]
         if not available:
             entry["reason"] = reason
+        if name == "aiter":
+            abi_version, library, entry_points = _mlacore.aiter_library_info()
+            entry.update(abi_version=abi_version, library=library, entry_points=list(entry_points))
         out[name] = entry
     return out

@@ -26,9 +26,10 @@ def workspace_bytes(max_batch, max_work, max_qo_len, num_heads, max_partials=Non
 # --- the core call, eager and as a torch custom op -------------------------
 
 def _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
-                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable):
+                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend="auto"):
     _mlacore.mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out,
-                        lse, max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable)
+                        lse, max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable,
+                        backend)
 
 
 @torch.library.custom_op("mlacore::mla_decode", mutates_args=("out", "lse"))
@@ -36,14 +37,14 @@ def _decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
                kv_indices: torch.Tensor, kv_indptr: torch.Tensor, qo_indptr: torch.Tensor, kv_len: torch.Tensor,
                metadata: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                max_batch: int, max_work: int, max_qo_len: int, max_partials: int, page_size: int, sm_scale: float,
-               causal: bool, portable: bool) -> None:
+               causal: bool, portable: bool, backend: str) -> None:
     _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
-                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable)
+                 max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend)
 
 
 @_decode_op.register_fake
 def _(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse, max_batch,
-      max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable):
+      max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend):
     return None
 
 
@@ -58,22 +59,25 @@ class BatchMLAPagedAttentionWrapper:
     the device without a sync when the inputs are on the device, and run()
     neither allocates (given `out`/`lse`) nor synchronizes.
 
-    backend: "auto" or "native" (the tensor-core kernel on CUDA, the portable
-    kernel on HIP, the reference loop on the CPU), or "portable" (force the
-    portable SIMT kernel on a GPU; for tests).
+    backend: "native" (the tensor-core kernel on CUDA, the portable kernel on
+    HIP, the reference loop on the CPU), "aiter" (AITER's MLA decode kernel on
+    a ROCm device; ValueError naming the gate a call fails, RuntimeError when
+    AITER is unavailable; see docs/AITER.md), "auto" (AITER where its gates
+    pass and it is loaded, else native), or "portable" (force the portable
+    SIMT kernel on a GPU; for tests).
     """
 
     def __init__(self, float_workspace_buffer, use_cuda_graph=False, qo_indptr=None, kv_indptr=None,
                  kv_indices=None, kv_len_arr=None, backend="auto"):
         if not isinstance(float_workspace_buffer, torch.Tensor):
             raise TypeError(f"float_workspace_buffer: expected a torch.Tensor, got {type(float_workspace_buffer).__name__}")
-        if backend not in ("auto", "native", "portable"):
-            raise ValueError(f"backend: expected 'auto', 'native' or 'portable', got {backend!r} "
-                             "(the AITER route is not part of this wrapper yet)")
+        if backend not in ("auto", "native", "aiter", "portable"):
+            raise ValueError(f"backend: expected 'auto', 'native', 'aiter' or 'portable', got {backend!r}")
         self._workspace = float_workspace_buffer
         self._device = float_workspace_buffer.device
         self._use_cuda_graph = bool(use_cuda_graph)
         self._portable = backend == "portable"
+        self._backend = "native" if self._portable else backend
         self._buffers = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
         self._capacity = None  # (max_batch, max_work, max_qo_len, max_partials) once fixed
         self._plan = None
@@ -178,7 +182,7 @@ class BatchMLAPagedAttentionWrapper:
             lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device)
         args = (q_nope, q_pe, ckv_cache, kpe_cache, self._kv_indices, self._kv_indptr, self._qo_indptr, self._kv_len,
                 self._md, self._workspace, out, lse, *self._capacity, self._page_size, self._sm_scale, self._causal,
-                self._portable)
+                self._portable, self._backend)
         if torch.compiler.is_compiling():
             _decode_op(*args)
         else:

@@ -70,26 +70,29 @@ void check_probe_race(int expect_available, const char* expect_reason) {
   CHECK(lib.loaded == (lib.mla_decode_stage1 != nullptr));
 }
 
-// Routing with the probe's answer: auto never fails and stays native (no op
-// is wired to AITER yet); an explicit "aiter" fails naming why.
+// Routing with the probe's answer: auto never fails, and picks AITER for a
+// ROCm cache exactly when the library loaded (the good fake exports the
+// cache writes too); an explicit "aiter" fails naming why, or routes.
+// (tests/cpp/test_aiter_routes.cpp checks the routes themselves.)
 void check_routing(int available, const char* reason) {
   for (int32_t dev : {static_cast<int32_t>(kDLROCM), static_cast<int32_t>(kDLCPU), static_cast<int32_t>(kDLCUDA)}) {
     const mlacore_route_request r = aiter_shaped_request(dev);
     int32_t chosen = -1;
     char why[512] = {};
     CHECK(mlacore_route(&r, MLACORE_BACKEND_AUTO, &chosen, why, sizeof why) == MLACORE_OK);
-    CHECK(chosen == MLACORE_BACKEND_NATIVE);
+    CHECK(chosen == (dev == kDLROCM && available ? MLACORE_BACKEND_AITER : MLACORE_BACKEND_NATIVE));
     if (dev == kDLROCM) {
-      if (available) CHECK_CONTAINS(why, "AITER loaded, but mlacore does not route append_paged_mla_kv_cache");
+      if (available) CHECK(std::strcmp(why, "aiter: auto, all gates passed") == 0);
       else CHECK_CONTAINS(why, reason);
     }
   }
   const mlacore_route_request r = aiter_shaped_request(kDLROCM);
   int32_t chosen = -1;
-  CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == MLACORE_ERROR_RUNTIME);
   if (available) {
-    CHECK_CONTAINS(mlacore_last_error(), "backend='aiter': AITER loaded, but mlacore does not route");
+    CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == MLACORE_OK);
+    CHECK(chosen == MLACORE_BACKEND_AITER);
   } else {
+    CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == MLACORE_ERROR_RUNTIME);
     CHECK_CONTAINS(mlacore_last_error(), "backend='aiter': AITER unavailable: ");
     CHECK_CONTAINS(mlacore_last_error(), reason);
   }
@@ -160,6 +163,7 @@ int run_contract() {
 
   const mlacore::AiterLibrary& lib = mlacore::aiter_library();
   CHECK(lib.loaded && lib.abi_version == 1 && lib.path == path);
+  CHECK(lib.concat_and_cache_mla != nullptr && lib.reshape_and_cache_flash != nullptr);  // the optional ones
   if (lib.mla_decode_stage1 == nullptr) return finish("test_aiter_loader contract");
 
   // A decode-shaped call on CPU memory: q [2,16,576] contiguous (NULL

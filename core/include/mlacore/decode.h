@@ -46,12 +46,32 @@ MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims,
  *     without KV, whose output is zeros).
  * A page id outside [0, P) or a token past the request's pages is masked: it
  * takes no part in the softmax and nothing is read from it. All tensors on one
- * device (metadata and the index tensors too); nothing synchronizes. */
+ * device (metadata and the index tensors too); nothing synchronizes.
+ * Runs with backend MLACORE_BACKEND_AUTO (see mlacore_mla_decode_backend). */
 MLACORE_API mlacore_status mlacore_mla_decode(
     const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
     const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
     const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, void* stream);
+
+/* mlacore_mla_decode with a backend request (an mlacore_backend, see
+ * <mlacore/backend.h>). AUTO and AITER consult the routing gates
+ * (MLACORE_ROUTE_DECODE_MLA): on a ROCm device with AITER loaded, bf16, 16 or
+ * 128 heads, 1 to 4 query tokens per request (causal when more than 1),
+ * int32 unit-stride index tensors, power-of-two page size, ckv and kpe the
+ * halves of one [P, S, 576] buffer, and a workspace large enough for
+ * AITER's query rows and split partials, the call runs AITER's MLA decode
+ * kernel and mlacore's merge of its partials; otherwise AUTO runs the
+ * native kernel and AITER fails naming the gate (MLACORE_ERROR_VALUE) or
+ * why AITER is unavailable (MLACORE_ERROR_RUNTIME). Outputs, LSE base and
+ * the no-sync, no-allocation guarantees are the same on both routes.
+ * MLACORE_DECODE_PORTABLE asks for a native kernel: with AITER it is an
+ * error, with AUTO it means NATIVE. See docs/AITER.md. */
+MLACORE_API mlacore_status mlacore_mla_decode_backend(
+    const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
+    const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
+    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, int32_t backend, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -185,6 +185,16 @@ inline void mla_decode(const DLTensor* q_nope, const DLTensor* q_pe, const DLTen
                            out, lse, dims, page_size, sm_scale, flags, stream));
 }
 
+// The same with a backend request (mlacore_backend): see mlacore_mla_decode_backend.
+inline void mla_decode(const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
+                       const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr,
+                       const DLTensor* kv_len, const DLTensor* metadata, const DLTensor* workspace,
+                       const DLTensor* out, const DLTensor* lse, mlacore_decode_dims dims, int64_t page_size,
+                       float sm_scale, uint32_t flags, mlacore_backend backend, void* stream = nullptr) {
+  check(mlacore_mla_decode_backend(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata,
+                                   workspace, out, lse, dims, page_size, sm_scale, flags, backend, stream));
+}
+
 }  // namespace mlacore
 
 #endif  // MLACORE_MLACORE_HPP_

@@ -16,6 +16,12 @@
  * [batch] is checked by shape only. Sources are [nnz, ...] with a contiguous
  * last dimension and any row stride; dtypes float16, bfloat16, float32, equal
  * to the cache's.
+ *
+ * `backend` (an mlacore_backend): AUTO and AITER route a write to AITER's
+ * cache writes (a shim's aiter_concat_and_cache_mla for a combined MLA cache,
+ * aiter_reshape_and_cache_flash for dense NHD K/V caches) when its gates pass
+ * on a ROCm device; the cache ends up the same either way. See
+ * docs/AITER.md for the gates and what AITER receives.
  */
 #ifndef MLACORE_PAGED_APPEND_H_
 #define MLACORE_PAGED_APPEND_H_
