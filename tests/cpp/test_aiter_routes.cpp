@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16.h"
 #include "check.h"
 
 namespace {
@@ -36,20 +37,6 @@ constexpr DLDataType kF32{kDLFloat, 32, 1};
 constexpr DLDataType kI32{kDLInt, 32, 1};
 constexpr DLDataType kI64{kDLInt, 64, 1};
 constexpr DLDataType kU8{kDLUInt, 8, 1};
-
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  const uint32_t x = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
 
 // A CPU DLTensor over caller-owned memory; strides empty = compact.
 struct Tensor {

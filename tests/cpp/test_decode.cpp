@@ -11,23 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "bf16.h"
 #include "check.h"
 
 namespace {
-
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  const uint32_t x = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
 
 struct Tensor {
   std::vector<int64_t> shape;
