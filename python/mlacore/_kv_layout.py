@@ -17,7 +17,18 @@ from . import _mlacore
 # (assume_constant_result) and baked into the graph. A cache layout is fixed
 # for an engine's lifetime; dynamo's guards re-trace on a change of shape,
 # stride, dtype or device, but not on a change of address.
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn):
+    """torch.compiler.assume_constant_result without importing torch._dynamo.
+
+    The official decorator imports dynamo (3 of the 6.5 s an `import mlacore`
+    took on the CI machine) only to set one attribute on `fn`; this sets the
+    same one, and tests/test_torch_compile.py checks that it still is what
+    the decorator sets."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _combined_layout(ckv_cache, kpe_cache):
     layout = _mlacore.combined_kv_view(ckv_cache, kpe_cache)
     if layout is None or not _same_storage(ckv_cache, kpe_cache):
