@@ -162,17 +162,25 @@ mlacore_route_request append_request(int32_t op) {
   return r;
 }
 
-// auto: native, saying why; explicit: a value error with the same words.
-void expect_gate(const mlacore_route_request& r, const char* words) {
+// auto: native, saying why (auto_prefix + detail); explicit aiter: `status`
+// with aiter_prefix and the same detail.
+void expect_refused(const mlacore_route_request& r, const char* auto_prefix, mlacore_status status,
+                    const char* aiter_prefix, const char* detail) {
   int32_t chosen = -1;
   char why[512] = {};
   CHECK(mlacore_route(&r, MLACORE_BACKEND_AUTO, &chosen, why, sizeof why) == MLACORE_OK);
   CHECK(chosen == MLACORE_BACKEND_NATIVE);
-  CHECK_CONTAINS(why, "native: auto, AITER gate failed: ");
-  CHECK_CONTAINS(why, words);
-  CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == MLACORE_ERROR_VALUE);
-  CHECK_CONTAINS(mlacore_last_error(), "backend='aiter' cannot run this call: ");
-  CHECK_CONTAINS(mlacore_last_error(), words);
+  CHECK_CONTAINS(why, auto_prefix);
+  CHECK_CONTAINS(why, detail);
+  CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == status);
+  CHECK_CONTAINS(mlacore_last_error(), aiter_prefix);
+  CHECK_CONTAINS(mlacore_last_error(), detail);
+}
+
+// A failed gate: explicit aiter is a value error naming it.
+void expect_gate(const mlacore_route_request& r, const char* words) {
+  expect_refused(r, "native: auto, AITER gate failed: ", MLACORE_ERROR_VALUE, "backend='aiter' cannot run this call: ",
+                 words);
 }
 
 void expect_aiter(const mlacore_route_request& r) {
@@ -790,15 +798,8 @@ int run_decode_only() {
   for (int32_t op : {MLACORE_ROUTE_APPEND_MLA, MLACORE_ROUTE_APPEND_KV}) {
     const mlacore_route_request r = append_request(op);
     const char* symbol = op == MLACORE_ROUTE_APPEND_MLA ? "aiter_concat_and_cache_mla" : "aiter_reshape_and_cache_flash";
-    int32_t chosen = -1;
-    char why[512] = {};
-    CHECK(mlacore_route(&r, MLACORE_BACKEND_AUTO, &chosen, why, sizeof why) == MLACORE_OK);
-    CHECK(chosen == MLACORE_BACKEND_NATIVE);
-    CHECK_CONTAINS(why, "native: auto, the AITER library lacks ");
-    CHECK_CONTAINS(why, symbol);
-    CHECK(mlacore_route(&r, MLACORE_BACKEND_AITER, &chosen, nullptr, 0) == MLACORE_ERROR_RUNTIME);
-    CHECK_CONTAINS(mlacore_last_error(), "backend='aiter': the AITER library lacks ");
-    CHECK_CONTAINS(mlacore_last_error(), symbol);
+    expect_refused(r, "native: auto, the AITER library lacks ", MLACORE_ERROR_RUNTIME,
+                   "backend='aiter': the AITER library lacks ", symbol);
   }
   Append a(6);
   const std::vector<uint16_t> src = random_bits(6 * 576, 8);
