@@ -631,6 +631,24 @@ std::vector<uint16_t> random_bits(size_t n, unsigned seed) {
   return v;
 }
 
+// Six tokens appended to a combined [6, 4, 576] cache through the C ABI.
+struct MlaAppendCase {
+  Append a{6};
+  std::vector<uint16_t> src, cache;
+  Tensor sckv, skpe, ckv, kpe;
+  explicit MlaAppendCase(unsigned seed)
+      : src(random_bits(6 * 576, seed)),
+        cache(6 * 4 * 576, 0),
+        sckv(src.data(), kBf16, {6, 512}, {576, 1}),
+        skpe(src.data() + 512, kBf16, {6, 64}, {576, 1}),
+        ckv(cache.data(), kBf16, {6, 4, 512}, {4 * 576, 576, 1}),
+        kpe(cache.data() + 512, kBf16, {6, 4, 64}, {4 * 576, 576, 1}) {}
+  mlacore_status run(int32_t backend) {
+    return mlacore_append_paged_mla_kv_cache(sckv.p(), skpe.p(), a.tbi->p(), a.tpos->p(), ckv.p(), kpe.p(),
+                                             a.tidx->p(), a.tptr->p(), a.tlast->p(), backend, 0, nullptr);
+  }
+};
+
 // The slot buffer the fake saw: its values are what the native kernel
 // would write to, -1 where it writes nothing.
 void check_slots(const std::string& line, const Append& a) {
@@ -801,15 +819,8 @@ int run_decode_only() {
     expect_refused(r, "native: auto, the AITER library lacks ", MLACORE_ERROR_RUNTIME,
                    "backend='aiter': the AITER library lacks ", symbol);
   }
-  Append a(6);
-  const std::vector<uint16_t> src = random_bits(6 * 576, 8);
-  std::vector<uint16_t> cache(6 * 4 * 576, 0);
-  Tensor sckv(const_cast<uint16_t*>(src.data()), kBf16, {6, 512}, {576, 1}),
-      skpe(const_cast<uint16_t*>(src.data()) + 512, kBf16, {6, 64}, {576, 1});
-  Tensor ckv(cache.data(), kBf16, {6, 4, 512}, {4 * 576, 576, 1}),
-      kpe(cache.data() + 512, kBf16, {6, 4, 64}, {4 * 576, 576, 1});
-  CHECK(mlacore_append_paged_mla_kv_cache(sckv.p(), skpe.p(), a.tbi->p(), a.tpos->p(), ckv.p(), kpe.p(), a.tidx->p(),
-                                          a.tptr->p(), a.tlast->p(), MLACORE_BACKEND_AUTO, 0, nullptr) == MLACORE_OK);
+  MlaAppendCase append(8);
+  CHECK(append.run(MLACORE_BACKEND_AUTO) == MLACORE_OK);
   CHECK(std::string(f.log()).empty());
   Decode d(16, 16, {1, 1}, {40, 90});
   check_decode(d, f);
@@ -882,16 +893,8 @@ int run_no_contract() {
 
 // A shim that reports failure: the append raises instead of passing silently.
 int run_write_fails() {
-  Append a(6);
-  const std::vector<uint16_t> src = random_bits(6 * 576, 10);
-  std::vector<uint16_t> cache(6 * 4 * 576, 0);
-  Tensor sckv(const_cast<uint16_t*>(src.data()), kBf16, {6, 512}, {576, 1}),
-      skpe(const_cast<uint16_t*>(src.data()) + 512, kBf16, {6, 64}, {576, 1});
-  Tensor ckv(cache.data(), kBf16, {6, 4, 512}, {4 * 576, 576, 1}),
-      kpe(cache.data() + 512, kBf16, {6, 4, 64}, {4 * 576, 576, 1});
-  CHECK(mlacore_append_paged_mla_kv_cache(sckv.p(), skpe.p(), a.tbi->p(), a.tpos->p(), ckv.p(), kpe.p(), a.tidx->p(),
-                                          a.tptr->p(), a.tlast->p(), MLACORE_BACKEND_AUTO, 0,
-                                          nullptr) == MLACORE_ERROR_RUNTIME);
+  MlaAppendCase append(10);
+  CHECK(append.run(MLACORE_BACKEND_AUTO) == MLACORE_ERROR_RUNTIME);
   CHECK_CONTAINS(mlacore_last_error(), "append_paged_mla_kv_cache: AITER's aiter_concat_and_cache_mla failed (status 7)");
   return finish("test_aiter_routes write_fails");
 }
