@@ -35,6 +35,22 @@ bool aiter_cpu_contract();
 // value_error unless `requested` is an mlacore_backend.
 Backend parse_backend(int32_t requested);
 
+// What every op states about a call: the op, the device and dtype of its
+// anchor tensor (the cache), the layout, the page size and the head dims.
+// Op-specific fields are the caller's to fill.
+inline mlacore_route_request describe_call(int32_t op, const DLTensor& anchor, int32_t layout, int64_t page_size,
+                                           int64_t head_dim, int64_t head_dim_pe) {
+  mlacore_route_request r{};
+  r.op = op;
+  r.device_type = anchor.device.device_type;
+  r.dtype = anchor.dtype;
+  r.layout = layout;
+  r.page_size = page_size;
+  r.head_dim = head_dim;
+  r.head_dim_pe = head_dim_pe;
+  return r;
+}
+
 // Auto: AITER when its gates pass and it is available, else native.
 // Native: always native. Aiter: value_error naming the first failed gate,
 // runtime_error "AITER unavailable: <reason>" when the probe failed.

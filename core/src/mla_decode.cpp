@@ -268,14 +268,8 @@ void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& 
 mlacore_route_request route_request(const Arg& qn, const Arg& ckv, const Arg& kpe, const Arg& ws,
                                     std::initializer_list<const Arg*> indices, const mlacore_decode_dims& dims,
                                     int64_t page_size, int64_t batch, bool causal) {
-  mlacore_route_request r{};
-  r.op = MLACORE_ROUTE_DECODE_MLA;
-  r.device_type = qn.dl().device.device_type;
-  r.dtype = qn.dl().dtype;
-  r.layout = MLACORE_LAYOUT_NHD;
-  r.page_size = page_size;
-  r.head_dim = ckv.size(2);
-  r.head_dim_pe = kpe.size(2);
+  mlacore_route_request r =
+      describe_call(MLACORE_ROUTE_DECODE_MLA, qn.dl(), MLACORE_LAYOUT_NHD, page_size, ckv.size(2), kpe.size(2));
   r.adjacent = kv_halves_adjacent(ckv, kpe);
   r.num_heads = qn.size(1);
   r.max_qo_len = dims.max_qo_len;

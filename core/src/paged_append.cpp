@@ -283,14 +283,7 @@ void append_mla(const DLTensor* append_ckv, const DLTensor* append_kpe, const DL
   job.streams[1] = {kpe.ptr<char>(), bstride(kpe, 0, es), 0, kc.ptr<char>(), bstride(kc, 0, es),
                     bstride(kc, 1, es), 0, dp * es, 1};
 
-  mlacore_route_request req{};
-  req.op = MLACORE_ROUTE_APPEND_MLA;
-  req.device_type = cc.dl().device.device_type;
-  req.dtype = cc.dl().dtype;
-  req.layout = MLACORE_LAYOUT_NHD;
-  req.page_size = page_size;
-  req.head_dim = dc;
-  req.head_dim_pe = dp;
+  mlacore_route_request req = describe_call(MLACORE_ROUTE_APPEND_MLA, cc.dl(), MLACORE_LAYOUT_NHD, page_size, dc, dp);
   req.adjacent = kv_halves_adjacent(cc, kc);
   execute("append_paged_mla_kv_cache", job, cc, req, backend, strict, stream, [&] {
     // concat_and_cache_mla(kv_c, k_pe, kv_cache [P, S, 576], ...): the
@@ -385,14 +378,7 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
     merge_segments(job.streams[s]);
   }
 
-  mlacore_route_request req{};
-  req.op = MLACORE_ROUTE_APPEND_KV;
-  req.device_type = kc.dl().device.device_type;
-  req.dtype = kc.dl().dtype;
-  req.layout = layout;
-  req.page_size = page_size;
-  req.head_dim = dim;
-  req.head_dim_pe = 0;
+  mlacore_route_request req = describe_call(MLACORE_ROUTE_APPEND_KV, kc.dl(), layout, page_size, dim, 0);
   req.adjacent = dense;
   req.sources_strided = heads > 1 && (key.stride(1) != dim || value.stride(1) != dim);
   execute("append_paged_kv_cache", job, kc, req, backend, strict, stream, [&] {
