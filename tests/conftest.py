@@ -35,6 +35,18 @@ if HYPOTHESIS_PROFILE:
     settings.load_profile(HYPOTHESIS_PROFILE)  # an unknown name raises
 
 
+# Under the sanitizer profile the threaded tests keep their shape (as many
+# threads at once, each with its own plan, wrapper or op) but repeat less:
+# each launch costs milliseconds there, and 18 threads x 3 rounds of plan +
+# decode overran 200-450 s per process.
+UNDER_SANITIZER = HYPOTHESIS_PROFILE == "sanitizer"
+
+
+def repeats(normal: int, sanitizer: int = 1) -> int:
+    """How many times a threaded test repeats its work: fewer under the sanitizer."""
+    return sanitizer if UNDER_SANITIZER else normal
+
+
 def pytest_report_header(config):
     if HYPOTHESIS_PROFILE:
         return (f"mlacore: hypothesis profile {HYPOTHESIS_PROFILE!r}: at most "

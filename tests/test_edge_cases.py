@@ -17,7 +17,7 @@ import torch
 
 import mlacore
 
-from conftest import requires_cuda
+from conftest import repeats, requires_cuda
 
 LOG2E = 1.0 / math.log(2.0)
 SCALE = 1.0 / math.sqrt(192)
@@ -488,7 +488,7 @@ def test_concurrent_plans_and_wrappers_from_threads(device):
         try:
             d = cases[i % len(cases)]
             barrier.wait()
-            for _ in range(3):
+            for _ in range(repeats(3)):
                 p = mlacore.MlaPlan(device, 4, num_sms=2 + i % len(cases))
                 p.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], 16, 2)
                 out, lse = run_decode(d)
@@ -521,7 +521,7 @@ def test_concurrent_metadata_ops_from_threads(device):
 
     def work(k):
         bi, pos, indices, indptr, want = jobs[k % len(jobs)]
-        for _ in range(50):
+        for _ in range(repeats(50, 3)):
             if not torch.equal(mlacore.slot_mapping(bi, pos, indices, indptr, 16), want):
                 bad.append(k)
 

@@ -54,6 +54,8 @@ for step in $STEPS; do
       # bounds each process. SAN_FILES="test_a.py test_b.py" runs some files only.
       # MLACORE_PLAN_SYNC: as for sanitizer:*; MLACORE_HYPOTHESIS_PROFILE caps property
       # tests (tests/conftest.py); MLACORE_LEAK_REPORT lists what still holds plans at the end.
+      # SAN_K passes pytest -k. A test still running SAN_TIMEOUT-60 s in dumps every thread's
+      # stack (faulthandler_timeout): a hang shows where it waits, a slow test does not.
       tools="memcheck racecheck"; [ "$step" = sanitizer-all ] || tools=$(echo "${step#sanitizer-all:}" | tr ',' ' ')
       san_dir="$OUT/sanitizer"; rm -rf "$san_dir"; mkdir -p "$san_dir"
       san_one() {  # tool file [ids-file]: one sanitizer process; log and exit status in $san_dir
@@ -61,7 +63,8 @@ for step in $STEPS; do
         [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
         (cd /tmp && MLACORE_PLAN_SYNC=1 MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
           timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 \
-          python3 -m pytest -q -rs -p no:cacheprovider "${targets[@]}") > "$base.log" 2>&1
+          python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( ${SAN_TIMEOUT:-420} - 60 )) \
+          ${SAN_K:+-k "$SAN_K"} "${targets[@]}") > "$base.log" 2>&1
         echo $? > "$base.rc"
       }
       export -f san_one; export san_dir
@@ -108,6 +111,16 @@ for step in $STEPS; do
         (cd /tmp && MLACORE_PLAN_SYNC=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x \
           -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
         echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
+      done ;;
+    exitleak)
+      # Who holds plans at exit under the sanitizer (tests/gpu/exit_leak_probe.py), with and
+      # without the sanitizer and the synchronous plan path, so the cause can be isolated.
+      for mode in "plain 0" "plain 1" "memcheck 1"; do
+        set -- $mode; pre=""; [ "$1" = plain ] || pre="compute-sanitizer --tool $1"
+        echo "== $mode" >> "$OUT/exitleak.txt"
+        (cd /tmp && MLACORE_PLAN_SYNC=$2 timeout 200 $pre python3 "$ROOT/tests/gpu/exit_leak_probe.py" 2>&1) \
+          | grep -vE "leaked (function|type)" >> "$OUT/exitleak.txt"
+        echo "$mode: $(grep -E "nanobind: leaked [0-9]+ instances|after clearing" "$OUT/exitleak.txt" | tail -2 | tr '\n' ' ')"
       done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
