@@ -20,8 +20,8 @@
 // Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8):
 // ldmatrix's 8 row addresses then hit 8 different bank groups.
 //
-// A wgmma/TMA variant for sm_90a replaces mma_tile_qk/mma_tile_pv and the
-// loader; the schedule, epilogue and combine stay.
+// On sm_90a, 64-row tiles go to the wgmma kernel (mla_decode_sm90.cu) unless
+// MLACORE_DECODE_KERNEL=mma; the schedule, partial layout and combine are shared.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -29,6 +29,14 @@
 #include "decode_numeric.h"
 #include "decode_schedule.h"
 #include "mla_decode.h"
+#include "mla_decode_device.cuh"
+
+#if defined(MLACORE_GPU_CUDA)
+#include <cstdlib>
+#include <cstring>
+
+#include "mla_decode_sm90.h"
+#endif
 
 namespace mlacore {
 namespace {
@@ -36,55 +44,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
 
-struct ItemView {
-  int64_t b, qo_begin, qo_len, kv_len, begin, end, partial;
-  bool ok;
-};
-
-// The work item of CTA `w`, checked against the header and the tables; ok is
-// false for padding, out-of-range requests and partial indices the workspace
-// cannot hold (a schedule bug must never become a stray write).
-template <class Idx>
-__device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
-  ItemView v{};
-  const int32_t* md = p.metadata;
-  const ScheduleLayout layout{p.max_batch, p.max_work};
-  const int64_t num_work = md[kHdrNumWork];
-  int64_t batch = md[kHdrBatch];
-  batch = batch < p.batch ? batch : p.batch;
-  batch = batch < p.max_batch ? batch : p.max_batch;
-  if (w >= num_work) return v;
-  const int32_t* it = md + layout.work() + 4 * w;
-  v.b = it[0];
-  if (v.b < 0 || v.b >= batch) return v;
-  v.qo_begin = static_cast<int64_t>(p.qo_indptr[v.b * p.qo_indptr_stride]);
-  const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(v.b + 1) * p.qo_indptr_stride]);
-  v.qo_len = qo_end - v.qo_begin;
-  v.kv_len = static_cast<int64_t>(p.kv_len[v.b * p.kv_len_stride]);
-  if (v.qo_begin < 0 || v.qo_len <= 0 || qo_end > p.total_q) return v;
-  v.begin = it[1] > 0 ? it[1] : 0;
-  v.end = it[2] < v.kv_len ? it[2] : v.kv_len;
-  v.partial = it[3];
-  if (v.partial >= p.max_partials) return v;
-  v.ok = true;
-  return v;
-}
-
 #if defined(MLACORE_GPU_CUDA)
 
 // ---------------------------------------------------------------------------
 // Tensor-core kernel (CUDA only)
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes = 0 zero-fills and reads nothing.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -112,31 +75,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Byte offset of 16-byte chunk `c` of row `r` in a swizzled buffer of rows of `chunks` chunks.
-__device__ __forceinline__ uint32_t swz(int r, int c, int chunks) {
-  return static_cast<uint32_t>((r * chunks + (c ^ (r & 7))) * 16);
-}
-
-// Waits until at most `kPending` of this thread's newest cp.async groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // KV arrives in half tiles of 32 tokens (36 KB) through a ring of kRing
@@ -176,16 +114,6 @@ struct MmaConfig {
   static_assert(kColsPerWarp % 64 == 0, "O slab: ldmatrix.x4.trans, and a swizzle-aligned start (P V addresses)");
   static_assert(kRing >= 4, "two halves computed while two more load");
   static_assert(kThreads == 8 * kHalfTokens, "the loader gives each token row of a half to 8 threads");
-};
-
-// A page-table lookup issued early: the raw index is loaded one tile before
-// its cp.async needs it, so the dependent global load (every token is its
-// own page at page size 1) is off the critical path; it is range-checked
-// only when used. 32-bit: a page id >= 2^31 would need a pool of over 2 TB
-// (1152 bytes per token), so such ids are treated as invalid, never wrapped.
-struct PageRef {
-  int32_t page;  // raw page id, or -1 outside the item / the request's pages
-  int32_t off;   // token offset inside the page
 };
 
 template <bool kBf16, int kRowGroups, class Idx>
@@ -724,6 +652,19 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
     p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = wsum > 0.f ? mx + log2f(wsum) : -INFINITY;
 }
 
+#if defined(MLACORE_GPU_CUDA)
+// MLACORE_DECODE_KERNEL=mma keeps 64-row tiles on the mma.sync kernel on
+// sm_90a too (A/B comparisons, a fallback in the field); unset or "wgmma",
+// the wgmma kernel (mla_decode_sm90.cu) is tried first. Read once.
+bool wgmma_decode_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("MLACORE_DECODE_KERNEL");
+    return !(v && std::strcmp(v, "mma") == 0);
+  }();
+  return enabled;
+}
+#endif
+
 template <bool kBf16, class Idx>
 void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream) {
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
@@ -745,7 +686,10 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
     if (rows_cap <= 16 && MmaConfig<1>::kSmem <= smem_optin) {
       run(mla_decode_mma_kernel<kBf16, 1, Idx>, 16, MmaConfig<1>::kSmem);
     } else if (rows_cap > 16 && MmaConfig<4>::kSmem <= smem_optin) {
-      run(mla_decode_mma_kernel<kBf16, 4, Idx>, 64, MmaConfig<4>::kSmem);
+      // The wgmma kernel writes the same outputs and partials; it declines
+      // (launching nothing) off sm_90a.
+      if (!(wgmma_decode_enabled() && launch_mla_decode_sm90(p, kBf16, stream)))
+        run(mla_decode_mma_kernel<kBf16, 4, Idx>, 64, MmaConfig<4>::kSmem);
     } else {
       portable = true;  // GPUs with less shared memory per block than an H100 (A100: 163 KB)
     }

@@ -1,0 +1,234 @@
+// wgmma (sm_90a) building blocks shared by the MLA decode kernel
+// (mla_decode_sm90.cu) and its standalone check (bench/cuda/wgmma_probe.cu),
+// so the probe exercises exactly the descriptors, swizzle and fragment
+// mapping the kernel relies on.
+//
+// Shared-memory operands use the 128-byte-swizzle canonical layout (PTX ISA
+// "Shared Memory Matrix Layout", CUTLASS Layout_{K,MN}_SW128_Atom): a matrix
+// of R rows x C 16-bit elements (C a multiple of 64) is stored as C/64 column
+// blocks of R rows x 128 bytes; 16-byte chunk c of row r of a block sits at
+// r * 128 + ((c ^ (r % 8)) * 16). Every block starts on a 1024-byte boundary,
+// so the descriptors' base-offset field stays 0. The XOR uses the address
+// bits [7,10) the hardware itself uses (Swizzle<3,4,3>), which is why a
+// descriptor may start 32/64/96 bytes into a row to select a k16 slice.
+//
+// The wgmma instructions exist only in sm_90a code: the mma_* wrappers are
+// defined only where MLACORE_WGMMA_ENABLED is, and callers use them only
+// under the same macro (an sm_80 pass compiles a body without them).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLACORE_WGMMA_ENABLED 1
+#endif
+
+namespace mlacore::wgmma {
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside one
+// 64-element column block.
+__host__ __device__ __forceinline__ uint32_t sw128(uint32_t row, uint32_t chunk) {
+  return row * 128u + ((chunk ^ (row & 7u)) << 4);
+}
+
+// Byte offset of 16-byte chunk `chunk` (any) of row `row` in a matrix of
+// `rows` rows stored as consecutive 64-element column blocks.
+__host__ __device__ __forceinline__ uint32_t sw128_tile(uint32_t row, uint32_t chunk, uint32_t rows) {
+  return (chunk >> 3) * rows * 128u + sw128(row, chunk & 7u);
+}
+
+// Byte offset of k16 step `kk` of a K-major operand of `rows` rows: four
+// steps of 32 bytes inside a column block, then the next block.
+__host__ __device__ __forceinline__ uint32_t k_major_step(int kk, uint32_t rows) {
+  return static_cast<uint32_t>(kk >> 2) * rows * 128u + static_cast<uint32_t>(kk & 3) * 32u;
+}
+// Byte offset of k16 step `kt` of an MN-major operand: 16 rows of 128 bytes.
+__host__ __device__ __forceinline__ uint32_t mn_major_step(int kt) { return static_cast<uint32_t>(kt) * 16u * 128u; }
+
+// Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address,
+// leading and stride byte offsets, all encoded as (x & 0x3FFFF) >> 4, in bits
+// [0,14), [16,30), [32,46); base offset [49,52) = 0; swizzle mode [62,64),
+// 1 = 128-byte swizzle.
+__host__ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+// K-major operand (rows = M or N, 64 K elements per 128-byte row): groups of
+// 8 rows are 1024 bytes apart (SBO); LBO is unused by swizzled K-major
+// layouts and set to 1 as the ISA says it is assumed. A k16 slice k of a
+// column block starts at block + 32 * k.
+__host__ __device__ __forceinline__ uint64_t desc_k_sw128(uint32_t addr) { return make_desc(addr, 16, 1024); }
+
+// MN-major operand (rows = K, 64 N elements per 128-byte row, used with the
+// transpose immediate): LBO = bytes between consecutive 64-element N blocks,
+// SBO = bytes between consecutive groups of 8 K rows (1024 when the rows are
+// dense). A k16 slice starts 16 rows (2048 bytes) further.
+__host__ __device__ __forceinline__ uint64_t desc_mn_sw128(uint32_t addr, uint32_t n_block_bytes) {
+  return make_desc(addr, n_block_bytes, 1024);
+}
+
+// Accumulator fragment of m64nNk16 (f32 D), per thread of the warpgroup
+// (PTX ISA figure "WGMMA .m64nNk16 register fragment layout for accumulator
+// matrix D"): element e of the N/2 registers lies at row
+// 16 * warp + lane / 4 + 8 * ((e / 2) % 2) and column 8 * (e / 4) + 2 * (lane % 4) + e % 2,
+// warp and lane taken inside the warpgroup. The A register fragment of
+// m64nNk16 has the same shape for k = 16: registers 0..3 of a k-step are the
+// pairs (row, k 0-7), (row + 8, k 0-7), (row, k 8-15), (row + 8, k 8-15).
+__host__ __device__ __forceinline__ int acc_row(int wg_tid, int e) {
+  return 16 * (wg_tid >> 5) + ((wg_tid & 31) >> 2) + 8 * ((e >> 1) & 1);
+}
+__host__ __device__ __forceinline__ int acc_col(int wg_tid, int e) {
+  return 8 * (e >> 2) + 2 * (wg_tid & 3) + (e & 1);
+}
+
+#if defined(__CUDACC__)
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) become visible to
+// wgmma (async proxy) only through this fence by the writing thread, before
+// the barrier that publishes them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Stores two 16-bit elements (columns col, col + 1; col even) of row `row`
+// of a 64-column K-major block at `block`: how accumulator pairs become an A
+// operand in shared memory.
+__device__ __forceinline__ void st_pair(uint32_t block, int row, int col, uint32_t packed) {
+  const uint32_t addr = block + sw128(static_cast<uint32_t>(row), static_cast<uint32_t>(col) >> 3) + (col & 7) * 2;
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+}
+
+// Pins an accumulator register at this point of the program: the compiler
+// must not move reads of wgmma results above the wait that makes them valid,
+// nor writes below the wgmma that consumes them.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#if defined(MLACORE_WGMMA_ENABLED)
+
+// D[64x32] += A[64x16] * B[16x32]: A and B both K-major in shared memory.
+template <bool kBf16>
+__device__ __forceinline__ void mma_m64n32k16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(1)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(1)
+        : "memory");
+  }
+}
+
+// D[64x256] += A[64x16] * B[16x256]: A K-major, B MN-major (transpose-B
+// immediate = 1), both in shared memory. The operand lists are written out
+// in full: wgmma takes its N/2 accumulators as scalar registers.
+template <bool kBf16>
+__device__ __forceinline__ void mma_m64n256k16_ss_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, "
+        "%72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, "
+        "%88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, "
+        "%104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, "
+        "%120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(1)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, "
+        "%72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, "
+        "%88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, "
+        "%104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, "
+        "%120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(1)
+        : "memory");
+  }
+}
+
+#endif  // MLACORE_WGMMA_ENABLED
+#endif  // __CUDACC__
+
+}  // namespace mlacore::wgmma

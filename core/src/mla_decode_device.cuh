@@ -1,0 +1,100 @@
+// Device helpers shared by the MLA decode kernels: mla_decode.cu (mma.sync
+// and portable kernels, the combine) and mla_decode_sm90.cu (wgmma kernel).
+// Single source like the kernels: the work-item reader serves HIP too; the
+// cp.async / PTX helpers are CUDA only.
+#pragma once
+
+#include "gpu/compat.h"
+
+#include <cstdint>
+
+#include "decode_schedule.h"
+#include "mla_decode.h"
+
+namespace mlacore {
+
+struct ItemView {
+  int64_t b, qo_begin, qo_len, kv_len, begin, end, partial;
+  bool ok;
+};
+
+// The work item of CTA `w`, checked against the header and the tables; ok is
+// false for padding, out-of-range requests and partial indices the workspace
+// cannot hold (a schedule bug must never become a stray write).
+template <class Idx>
+__device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
+  ItemView v{};
+  const int32_t* md = p.metadata;
+  const ScheduleLayout layout{p.max_batch, p.max_work};
+  const int64_t num_work = md[kHdrNumWork];
+  int64_t batch = md[kHdrBatch];
+  batch = batch < p.batch ? batch : p.batch;
+  batch = batch < p.max_batch ? batch : p.max_batch;
+  if (w >= num_work) return v;
+  const int32_t* it = md + layout.work() + 4 * w;
+  v.b = it[0];
+  if (v.b < 0 || v.b >= batch) return v;
+  v.qo_begin = static_cast<int64_t>(p.qo_indptr[v.b * p.qo_indptr_stride]);
+  const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(v.b + 1) * p.qo_indptr_stride]);
+  v.qo_len = qo_end - v.qo_begin;
+  v.kv_len = static_cast<int64_t>(p.kv_len[v.b * p.kv_len_stride]);
+  if (v.qo_begin < 0 || v.qo_len <= 0 || qo_end > p.total_q) return v;
+  v.begin = it[1] > 0 ? it[1] : 0;
+  v.end = it[2] < v.kv_len ? it[2] : v.kv_len;
+  v.partial = it[3];
+  if (v.partial >= p.max_partials) return v;
+  v.ok = true;
+  return v;
+}
+
+// A page-table lookup issued early: the raw index is loaded one tile before
+// its cp.async needs it, so the dependent global load (every token is its
+// own page at page size 1) is off the critical path; it is range-checked
+// only when used. 32-bit: a page id >= 2^31 would need a pool of over 2 TB
+// (1152 bytes per token), so such ids are treated as invalid, never wrapped.
+struct PageRef {
+  int32_t page;  // raw page id, or -1 outside the item / the request's pages
+  int32_t off;   // token offset inside the page
+};
+
+#if defined(MLACORE_GPU_CUDA)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; src_bytes = 0 zero-fills and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Waits until at most `kPending` of this thread's newest cp.async groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled buffer of rows of `chunks` chunks.
+__device__ __forceinline__ uint32_t swz(int r, int c, int chunks) {
+  return static_cast<uint32_t>((r * chunks + (c ^ (r & 7))) * 16);
+}
+
+#endif  // MLACORE_GPU_CUDA
+
+}  // namespace mlacore
