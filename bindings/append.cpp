@@ -21,9 +21,11 @@ void bind_append(nb::module_& m) {
         convert(kv_indptr, "kv_indptr", ptr);
         convert(kv_last_page_len, "kv_last_page_len", last);
         const int32_t b = parse_backend(backend);
-        check(mlacore_append_paged_mla_kv_cache(ckv.get(), kpe.get(), bi.get(), pos.get(), cc.get(), kc.get(),
-                                                idx.get(), ptr.get(), last.get(), b, strict ? 1 : 0,
-                                                stream_for(cc, stream)));
+        void* s = stream_for(cc, stream);
+        check(without_gil([&] {
+          return mlacore_append_paged_mla_kv_cache(ckv.get(), kpe.get(), bi.get(), pos.get(), cc.get(), kc.get(),
+                                                   idx.get(), ptr.get(), last.get(), b, strict ? 1 : 0, s);
+        }));
       },
       nb::arg("append_ckv").none(), nb::arg("append_kpe").none(), nb::arg("batch_indices").none(),
       nb::arg("positions").none(), nb::arg("ckv_cache").none(), nb::arg("kpe_cache").none(),
@@ -48,9 +50,11 @@ void bind_append(nb::module_& m) {
         convert(kv_last_page_len, "kv_last_page_len", last);
         const int32_t layout = parse_kv_layout(kv_layout);
         const int32_t b = parse_backend(backend);
-        check(mlacore_append_paged_kv_cache(key.get(), value.get(), bi.get(), pos.get(), kc.get(), vc.get(),
-                                            idx.get(), ptr.get(), last.get(), layout, b, strict ? 1 : 0,
-                                            stream_for(kc, stream)));
+        void* s = stream_for(kc, stream);
+        check(without_gil([&] {
+          return mlacore_append_paged_kv_cache(key.get(), value.get(), bi.get(), pos.get(), kc.get(), vc.get(),
+                                               idx.get(), ptr.get(), last.get(), layout, b, strict ? 1 : 0, s);
+        }));
       },
       nb::arg("append_key").none(), nb::arg("append_value").none(), nb::arg("batch_indices").none(),
       nb::arg("positions").none(), nb::arg("k_cache").none(), nb::arg("v_cache").none(),

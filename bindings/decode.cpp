@@ -35,10 +35,13 @@ void bind_decode(nb::module_& m) {
         convert(out, "out", a[10]);
         convert_optional(lse, "lse", a[11]);
         const uint32_t flags = (causal ? MLACORE_DECODE_CAUSAL : 0u) | (portable ? MLACORE_DECODE_PORTABLE : 0u);
-        check(mlacore_mla_decode_backend(a[0].get(), a[1].get(), a[2].get(), a[3].get(), a[4].get(), a[5].get(),
-                                         a[6].get(), a[7].get(), a[8].get(), a[9].get(), a[10].get(), a[11].get(),
-                                         mlacore_decode_dims{max_batch, max_work, max_qo_len, max_partials}, page_size,
-                                         sm_scale, flags, b, stream_for(a[0], stream)));
+        void* s = stream_for(a[0], stream);
+        check(without_gil([&] {
+          return mlacore_mla_decode_backend(a[0].get(), a[1].get(), a[2].get(), a[3].get(), a[4].get(), a[5].get(),
+                                            a[6].get(), a[7].get(), a[8].get(), a[9].get(), a[10].get(),
+                                            a[11].get(), mlacore_decode_dims{max_batch, max_work, max_qo_len,
+                                            max_partials}, page_size, sm_scale, flags, b, s);
+        }));
       },
       nb::arg("q_nope").none(), nb::arg("q_pe").none(), nb::arg("ckv_cache").none(), nb::arg("kpe_cache").none(),
       nb::arg("kv_indices").none(), nb::arg("kv_indptr").none(), nb::arg("qo_indptr").none(),

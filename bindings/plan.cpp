@@ -28,16 +28,13 @@ class Plan {
     // The metadata is the anchor: host inputs with a device metadata tensor
     // still copy on that device's current stream.
     void* s = stream_for(a_meta, stream);
-    mlacore_status status;
-    if (device) {
-      status = mlacore_plan_build_device(plan_, a_qo.get(), a_kv.get(), a_len.get(), page_size, num_heads,
+    // The host build may wait for the device, and either may block in a launch.
+    check(without_gil([&] {
+      return device ? mlacore_plan_build_device(plan_, a_qo.get(), a_kv.get(), a_len.get(), page_size, num_heads,
+                                                a_meta.get(), s)
+                    : mlacore_plan_build(plan_, a_qo.get(), a_kv.get(), a_len.get(), page_size, num_heads,
                                          a_meta.get(), s);
-    } else {
-      // The host build may wait for the device; other Python threads run meanwhile.
-      nb::gil_scoped_release release;
-      status = mlacore_plan_build(plan_, a_qo.get(), a_kv.get(), a_len.get(), page_size, num_heads, a_meta.get(), s);
-    }
-    check(status);
+    }));
   }
 
   nb::dict info() const {

@@ -14,8 +14,10 @@ void bind_slot_mapping(nb::module_& m) {
         convert(kv_indices, "kv_indices", indices);
         convert(kv_indptr, "kv_indptr", indptr);
         convert(out, "out", o);
-        check(mlacore_slot_mapping(&bi.dl, &pos.dl, &indices.dl, &indptr.dl, page_size, num_pages, &o.dl,
-                                   stream_for(o, stream)));
+        void* s = stream_for(o, stream);
+        check(without_gil([&] {
+          return mlacore_slot_mapping(&bi.dl, &pos.dl, &indices.dl, &indptr.dl, page_size, num_pages, &o.dl, s);
+        }));
       },
       nb::arg("batch_indices").none(), nb::arg("positions").none(), nb::arg("kv_indices").none(),
       nb::arg("kv_indptr").none(), nb::arg("page_size"), nb::arg("num_pages"), nb::arg("out").none(),
@@ -28,7 +30,8 @@ void bind_slot_mapping(nb::module_& m) {
         convert(block_table, "block_table", table);
         convert(cu_num_blocks, "cu_num_blocks", cu);
         convert(out, "out", o);
-        check(mlacore_page_indices_from_block_table(&table.dl, &cu.dl, &o.dl, stream_for(o, stream)));
+        void* s = stream_for(o, stream);
+        check(without_gil([&] { return mlacore_page_indices_from_block_table(&table.dl, &cu.dl, &o.dl, s); }));
       },
       nb::arg("block_table").none(), nb::arg("cu_num_blocks").none(), nb::arg("out").none(),
       nb::arg("stream").none() = nb::none());
@@ -42,7 +45,8 @@ void bind_slot_mapping(nb::module_& m) {
         convert(seq_lens, "seq_lens", lens);
         convert(batch_indices, "batch_indices", bi);
         convert(positions, "positions", pos);
-        check(mlacore_batch_indices_positions(&indptr.dl, &lens.dl, &bi.dl, &pos.dl, stream_for(bi, stream)));
+        void* s = stream_for(bi, stream);
+        check(without_gil([&] { return mlacore_batch_indices_positions(&indptr.dl, &lens.dl, &bi.dl, &pos.dl, s); }));
       },
       nb::arg("append_indptr").none(), nb::arg("seq_lens").none(), nb::arg("batch_indices").none(),
       nb::arg("positions").none(), nb::arg("stream").none() = nb::none());

@@ -43,4 +43,15 @@ inline void check(mlacore_status status) {
   if (status != MLACORE_OK) raise_status(status);
 }
 
+// Runs a core call that may launch work with the GIL released, as torch's own
+// ops do: a launch can block (a full launch queue; compute-sanitizer makes every
+// launch wait for its kernel), and a thread that blocks holding the GIL stalls
+// every other Python thread. Arguments are converted and the stream resolved
+// before; errors are raised after, with the GIL held again.
+template <class Call>
+mlacore_status without_gil(Call&& call) {
+  nb::gil_scoped_release release;
+  return call();
+}
+
 }  // namespace mlacore::bind
