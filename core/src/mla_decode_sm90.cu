@@ -8,27 +8,42 @@
 // once per 16 query rows and is issue bound at heads=128. wgmma reads each
 // shared-memory operand once per 64 rows, asynchronously.
 //
-// One CTA = two warpgroups (256 threads):
-//  - Q (64 x 576) and each KV stage (64 x 576) sit in shared memory in the
-//    128-byte-swizzle K-major layout of gpu/wgmma_sm90.cuh: 9 column blocks
-//    of 64 elements. Both are loaded by cp.async, 16 bytes per thread, KV
-//    gathered token by token through the page table into a double buffer
-//    (tile i+1 loads while tile i computes).
-//  - S = Q K^T: warpgroup g computes the 32 tokens [32g, 32g+32) of the tile
-//    for all 64 rows (m64n32k16, 36 k-steps, A = Q and B = K from shared
-//    memory). Its accumulator rows are the same rows the warpgroup holds in
-//    O, so the softmax rescale needs no exchange beyond the row maxima.
-//  - the two halves' row maxima meet in shared memory (one barrier); both
-//    warpgroups then compute identical maxima, exponentiate their half of P,
-//    store it as bf16/fp16 in the K-major layout (one 64 x 64 block), and
-//    after a second barrier
-//  - O += P V: warpgroup g owns output columns [256g, 256g+256) (128 fp32
-//    registers per thread), m64n256k16 over the tile's 64 tokens (4 k-steps),
-//    A = P and B = V (the first 512 dims of the same KV stage, MN-major, read
-//    with the transpose-B immediate) from shared memory.
-// Three barriers per tile (tile landed, maxima, P ready); each wgmma batch is
-// waited for before the next phase. A first, simple version: no producer
-// warpgroup, no overlap of S(i+1) with P V(i).
+// Shared memory: Q (64 x 576) and each of two KV stages (64 x 576) in the
+// 128-byte-swizzle K-major layout of gpu/wgmma_sm90.cuh (9 column blocks of
+// 64 elements), P (64 x 64, one K-major block), the per-row rescale factors
+// of the current tile, row sums, per-token valid flags. No room for a third
+// stage or a second P buffer (227 KB).
+//
+// Two warpgroups with different roles (the FlashMLA split), O's 512 columns
+// halved between them (128 fp32 accumulators per thread each):
+//  - warpgroup 0 (softmax): S = Q K^T for the whole tile (m64n64k16, 36
+//    k-steps, one read of Q per tile), mask, row maxima (a quad shuffle: it
+//    holds whole rows), P and the rescale factors alpha -> shared memory,
+//    O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256] (m64n256k16).
+//  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
+//    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
+//    O[:, 256:512] = alpha * O + P V[:, 256:512].
+// Named barriers (both warpgroups, 256 threads; "arrive" = bar.arrive by
+// one side, bar.sync by the other):
+//  - kBarKvFull (sync/sync): stage of tile t landed (every loader thread did
+//    cp.async.wait + fence.proxy.async) -> S(t).
+//  - kBarPFull (sync/sync): P(t), alpha(t) stored and fenced -> P V(t).
+//  - kBarPFree (WG1 arrives, WG0 syncs): WG1's P V(t) completed, so P and
+//    alpha may be overwritten by tile t+1.
+//  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
+//    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
+// Per tile t, warpgroup 0: sync KvFull(t) (t > 0); issue S(t), commit;
+// wait_group 1 (P V(t-1) done) -> arrive KvEmpty; wait_group 0 (S(t));
+// softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence; sync
+// PFull(t); issue P V(t), commit (waited for in the next tile).
+// Warpgroup 1: sync PFull(t); O *= alpha; issue P V(t), commit, wait 0;
+// arrive PFree; cp.async.wait (tile t+1) + fence; sync KvFull(t+1); sync
+// KvEmpty (stage t % 2); issue tile t+2 into it. Every barrier is entered
+// by both sides exactly once per use, under the same tile-count conditions.
+// The load of tile t+2 is issued as soon as P V(t) completes and is needed
+// only once S(t+1), its softmax and P V(t+1) are through: about a tile of
+// latency hiding, as before; the tensor cores now run S(t+1) right behind
+// P V(t), idle only during warpgroup 0's softmax.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -50,16 +65,19 @@ constexpr int kTok = kDecodeTileTokens;
 constexpr int kBlocks = kQkDim / 64;               // 64-element column blocks per row
 constexpr int kBlockBytes = 64 * 128;              // one column block of 64 rows
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
-constexpr int kHalfTok = kTok / 2;                 // S columns per warpgroup
 constexpr int kStages = 2;
+constexpr int kLdRows = 16;  // token rows the 128 loader threads cover per pass (8 threads a row)
+constexpr int kLdPasses = kTok / kLdRows;
+// Named barrier ids (0 is __syncthreads).
+constexpr int kBarKvFull = 1, kBarKvEmpty = 2, kBarPFull = 3, kBarPFree = 4;
 // shared memory, bytes from a 1024-aligned base (the swizzle pattern of every
 // operand must start on a 1024-byte boundary: descriptor base offset 0)
 constexpr int kOffQ = 0;
 constexpr int kOffKv = kOffQ + kTileBytes;
 constexpr int kOffP = kOffKv + kStages * kTileBytes;
-constexpr int kOffMax = kOffP + kBlockBytes;  // float[2][kRows]: each warpgroup's row maxima
-constexpr int kOffSum = kOffMax + 2 * kRows * 4;  // float[2][kRows]: row sums, at the end
-constexpr int kOffValid = kOffSum + 2 * kRows * 4;  // uint8[kStages][kTok]
+constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of the current tile
+constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
+constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok]
 constexpr int kSmemUsed = kOffValid + kStages * kTok;
 // The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
 // slack lets the kernel round it up.
@@ -68,7 +86,11 @@ static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per bloc
 static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles (4 k-steps of P V)");
 static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms on 1 KB");
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
-static_assert(kThreads == 8 * kHalfTok, "the loader gives each token row of a half tile to 8 threads");
+static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
+static_assert(kLdPasses * kLdRows == kTok, "the loader covers a tile in whole passes");
+static_assert(0 < kBarKvFull && kBarKvFull < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < kBarPFree &&
+                  kBarPFree < 16,
+              "distinct named barrier ids, none of them 0 (__syncthreads)");
 
 template <bool kBf16, class Idx>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams<Idx> p) {
@@ -79,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + kOffQ, s_kv = s_base + kOffKv, s_p = s_base + kOffP;
-  float* s_max = reinterpret_cast<float*>(smem + kOffMax);
+  float* s_scale = reinterpret_cast<float*>(smem + kOffScale);
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
   unsigned char* s_valid = smem + kOffValid;
 
@@ -101,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
-  // Query tile -> shared (zero rows past the request), once per CTA; it
-  // joins tile 0's commit group.
+  // Query tile -> shared (zero rows past the request), once per CTA, by all
+  // 256 threads: its own commit group, the oldest of every thread.
   for (int i = tid; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const int64_t grow = row0 + r;
@@ -113,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         : qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + (c - kCkvDim / 8) * 8;
     cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
   }
+  cp_async_commit();
 
   int64_t page_begin = 0, page_end = 0;
   if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;  // every token masked
@@ -126,14 +149,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 
   const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
 
-  // 8 threads per token row (each 8-lane group reads 128 contiguous bytes per
-  // instruction); thread `tid` loads tokens ld_tok and ld_tok + 32 of a tile,
-  // chunk ld_sub of every column block: a fixed swizzled offset per row plus
-  // kBlockBytes per block.
-  const int ld_tok = tid >> 3, ld_sub = tid & 7;
-  auto fetch = [&](int64_t tile, int half) {
+  // Loader (warpgroup 1): 8 threads per token row (each 8-lane group reads
+  // 128 contiguous bytes per instruction); thread wtid loads tokens
+  // ld_tok + 16 q (q < 4) of a tile, chunk ld_sub of every column block: a
+  // fixed swizzled offset per row plus kBlockBytes per block.
+  const int ld_tok = wtid >> 3, ld_sub = wtid & 7;
+  auto fetch = [&](int64_t tile, int pass) {
     PageRef r{-1, 0};
-    const int64_t pos = item.begin + tile * kTok + half * kHalfTok + ld_tok;
+    const int64_t pos = item.begin + tile * kTok + pass * kLdRows + ld_tok;
     if (pos < item.end) {
       const uint32_t u = static_cast<uint32_t>(pos);
       const uint32_t in_req = pow2_pages ? u >> page_shift : u / page_size;
@@ -145,15 +168,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     }
     return r;
   };
+  auto fetch_all = [&](int64_t tile, PageRef (&ref)[kLdPasses]) {
+#pragma unroll
+    for (int q = 0; q < kLdPasses; ++q) ref[q] = fetch(tile, q);
+  };
   // Tile `tile` into stage `stage` (rows past the item zero-filled, so no
   // stale shared memory meets a zero probability), then its commit group;
   // tiles past the item commit an empty group.
-  auto issue = [&](int64_t tile, int stage, const PageRef (&ref)[2]) {
+  auto issue = [&](int64_t tile, int stage, const PageRef (&ref)[kLdPasses]) {
     if (tile < n_tiles) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const PageRef& r = ref[half];
-        const int tok = half * kHalfTok + ld_tok;
+      for (int q = 0; q < kLdPasses; ++q) {
+        const PageRef& r = ref[q];
+        const int tok = q * kLdRows + ld_tok;
         const int64_t page = r.page >= 0 && (p.pages.num_pages < 0 || r.page < p.pages.num_pages) ? r.page : -1;
         const bool valid = page >= 0;
         const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0) + ld_sub * 8;
@@ -184,130 +211,184 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float o[kOCols / 2];
 #pragma unroll
   for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
+  // Warpgroup 0's running maximum and (per-thread partial) row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-  PageRef next[2];
-  {
-    const PageRef first[2] = {fetch(0, 0), fetch(0, 1)};
-    issue(0, 0, first);
-    next[0] = fetch(1, 0);
-    next[1] = fetch(1, 1);
-  }
 
   // Descriptors move by adding encoded byte offsets (offset >> 4) to a base:
   // every address stays below 256 KB, so the 14-bit field never carries.
-  const uint64_t desc_q = wg::desc_k_sw128(s_q);
   const uint64_t desc_p = wg::desc_k_sw128(s_p);
 
-  for (int64_t it = 0; it < n_tiles; ++it) {
-    const int stage = static_cast<int>(it & 1);
-    cp_async_wait_all();
-    wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
-    // Tile `it` (and Q) visible to both warpgroups; both are done with tile
-    // it-1 (its stage, P, the maxima), so tile it+1 may overwrite that stage.
-    __syncthreads();
-    issue(it + 1, stage ^ 1, next);
-    next[0] = fetch(it + 2, 0);
-    next[1] = fetch(it + 2, 1);
+  // Prologue: both stages are free, so tiles 0 and 1 load at once (empty
+  // groups past the item). Tile 0 and Q are published by the first
+  // kBarKvFull; tile 1 may still be in flight.
+  PageRef next[kLdPasses];
+  if (g == 1) {
+    fetch_all(0, next);
+    issue(0, 0, next);
+    fetch_all(1, next);
+    issue(1, 1, next);
+    fetch_all(2, next);
+    cp_async_wait<1>();  // groups: Q, tile 0, tile 1
+  } else {
+    cp_async_wait_all();  // Q
+  }
+  wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
+  wg::bar_sync(kBarKvFull, kThreads);
 
-    const uint32_t kv = s_kv + stage * kTileBytes;
-    const int64_t tile_start = item.begin + it * kTok;
+  if (g == 0) {
+    // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
+    const uint64_t desc_q = wg::desc_k_sw128(s_q);
+    const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
+    for (int64_t it = 0; it < n_tiles; ++it) {
+      const int stage = static_cast<int>(it & 1);
+      if (it > 0) wg::bar_sync(kBarKvFull, kThreads);  // tile `it` landed (warpgroup 1 waited + fenced)
+      const uint32_t kv = s_kv + stage * kTileBytes;
+      const int64_t tile_start = item.begin + it * kTok;
 
-    // S = Q K^T over 576 dims for this warpgroup's 32 tokens: rows
-    // 32g..32g+31 of every column block of the stage.
-    float s[kHalfTok / 2];
+      // S = Q K^T over 576 dims, all 64 tokens.
+      float s[kTok / 2];
 #pragma unroll
-    for (int e = 0; e < kHalfTok / 2; ++e) s[e] = 0.f;
-    const uint64_t desc_k = wg::desc_k_sw128(kv + g * kHalfTok * 128);
-    wg::fence_regs(s);
-    wg::fence();
+      for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
+      const uint64_t desc_k = wg::desc_k_sw128(kv);
+      wg::fence_regs(s);
+      wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < kQkDim / 16; ++kk) {
-      const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
-      wg::mma_m64n32k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+      for (int kk = 0; kk < kQkDim / 16; ++kk) {
+        const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
+        wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+      }
+      wg::commit();
+      if (it > 0 && it + 1 < n_tiles) {
+        // P V(it-1), committed before S(it), is complete: with S(it-1) long
+        // done, this warpgroup is through with stage (it-1) % 2, which
+        // warpgroup 1 refills with tile it+1.
+        wg::wait<1>();
+        wg::bar_arrive(kBarKvEmpty, kThreads);
+      }
+      wg::wait<0>();  // S(it) and P V(it-1)
+      wg::fence_regs(s);
+      wg::fence_regs(o);
+
+      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad shuffle).
+      const unsigned char* valid = s_valid + stage * kTok;
+      float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+      for (int e = 0; e < kTok / 2; ++e) {
+        const int col = wg::acc_col(wtid, e);
+        const int i = (e >> 1) & 1;
+        const bool ok = tile_start + col < limit[i] && valid[col];
+        s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[e]);
+      }
+      // A row that has seen nothing valid keeps m = -inf; exponentiate it
+      // against 0 so no inf - inf.
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        m_use[i] = mx[i] == -INFINITY ? 0.f : mx[i];
+        alpha[i] = fast_exp2(m_run[i] - m_use[i]);
+        l_run[i] *= alpha[i];
+        m_run[i] = mx[i];
+#pragma unroll
+        for (int j = 0; j < kOCols / 8; ++j) {
+          o[4 * j + 2 * i] *= alpha[i];
+          o[4 * j + 2 * i + 1] *= alpha[i];
+        }
+      }
+      uint32_t pk[kTok / 4];
+#pragma unroll
+      for (int j = 0; j < kTok / 8; ++j) {
+        const float p0 = fast_exp2(s[4 * j] - m_use[0]), p1 = fast_exp2(s[4 * j + 1] - m_use[0]);
+        const float p2 = fast_exp2(s[4 * j + 2] - m_use[1]), p3 = fast_exp2(s[4 * j + 3] - m_use[1]);
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        pk[2 * j] = pack2<kBf16>(p0, p1);
+        pk[2 * j + 1] = pack2<kBf16>(p2, p3);
+      }
+      // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
+      // previous ones.
+      if (it > 0) wg::bar_sync(kBarPFree, kThreads);
+#pragma unroll
+      for (int j = 0; j < kTok / 8; ++j) {
+        const int tok = wg::acc_col(wtid, 4 * j);
+        wg::st_pair(s_p, r_lo, tok, pk[2 * j]);
+        wg::st_pair(s_p, r_lo + 8, tok, pk[2 * j + 1]);
+      }
+      if ((lane & 3) == 0) {
+        s_scale[r_lo] = alpha[0];
+        s_scale[r_lo + 8] = alpha[1];
+      }
+      wg::fence_proxy_async();  // P, written by st.shared, is read by wgmma
+      wg::bar_sync(kBarPFull, kThreads);
+
+      // O[:, 0:256] += P V: column blocks 0..3 of the stage (LBO = one
+      // block), 16 tokens = 2048 bytes per k-step. Waited for in the next
+      // tile (or after the loop).
+      wg::fence_regs(o);
+      wg::fence();
+#pragma unroll
+      for (int kt = 0; kt < kTok / 16; ++kt)
+        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
+                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+      wg::commit();
     }
-    wg::commit();
     wg::wait<0>();
-    wg::fence_regs(s);
-
-    // Mask, scale, and this warpgroup's row maxima (including the running one).
-    const unsigned char* valid = s_valid + stage * kTok + g * kHalfTok;
-    float mx[2] = {m_run[0], m_run[1]};
-#pragma unroll
-    for (int e = 0; e < kHalfTok / 2; ++e) {
-      const int col = wg::acc_col(wtid, e);
-      const int i = (e >> 1) & 1;
-      const bool ok = tile_start + g * kHalfTok + col < limit[i] && valid[col];
-      s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
-      mx[i] = fmaxf(mx[i], s[e]);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-    }
-    if ((lane & 3) == 0) {
-      s_max[g * kRows + r_lo] = mx[0];
-      s_max[g * kRows + r_lo + 8] = mx[1];
-    }
-    __syncthreads();
-
-    // Both warpgroups compute the same maximum per row (fmaxf is exact, and
-    // both fold in the same running maximum). A row that has seen nothing
-    // valid keeps m = -inf; exponentiate it against 0 so no inf - inf.
-    float m_use[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(mx[i], s_max[(g ^ 1) * kRows + r_lo + 8 * i]);
-      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2(m_run[i] - m_use[i]);
-      l_run[i] *= alpha;
-      m_run[i] = m_new;
+    wg::fence_regs(o);
+  } else {
+    // ---------------- warpgroup 1: loads, O[:, 256:512] ----------------
+    const uint64_t desc_v = wg::desc_mn_sw128(s_kv + (kOCols / 64) * kBlockBytes, kBlockBytes);  // blocks 4..7
+    for (int64_t it = 0; it < n_tiles; ++it) {
+      const int stage = static_cast<int>(it & 1);
+      wg::bar_sync(kBarPFull, kThreads);  // P(it), alpha(it)
+      const float alpha0 = s_scale[r_lo], alpha1 = s_scale[r_lo + 8];
 #pragma unroll
       for (int j = 0; j < kOCols / 8; ++j) {
-        o[4 * j + 2 * i] *= alpha;
-        o[4 * j + 2 * i + 1] *= alpha;
+        o[4 * j] *= alpha0;
+        o[4 * j + 1] *= alpha0;
+        o[4 * j + 2] *= alpha1;
+        o[4 * j + 3] *= alpha1;
+      }
+      wg::fence_regs(o);
+      wg::fence();
+#pragma unroll
+      for (int kt = 0; kt < kTok / 16; ++kt)
+        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
+                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(o);
+      if (it + 1 < n_tiles) {
+        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) and alpha(it)
+        // Tile it+1 (the only group in flight) -> published to both warpgroups.
+        cp_async_wait_all();
+        wg::fence_proxy_async();
+        wg::bar_sync(kBarKvFull, kThreads);
+        if (it + 2 < n_tiles) {
+          // Stage it % 2: this warpgroup's P V(it) is complete (above);
+          // warpgroup 0 says when its S(it) and P V(it) are.
+          wg::bar_sync(kBarKvEmpty, kThreads);
+          issue(it + 2, stage, next);
+          fetch_all(it + 3, next);
+        }
       }
     }
-    // P (this warpgroup's 32 tokens) -> shared, one 64 x 64 K-major block.
+  }
+
+  cp_async_wait_all();  // nothing is left in flight on any path; kept as a guard
+
+  // Row sums (warpgroup 0 saw every token): over the quad, then shared.
+  if (g == 0) {
 #pragma unroll
-    for (int j = 0; j < kHalfTok / 8; ++j) {
-      const float p0 = fast_exp2(s[4 * j] - m_use[0]), p1 = fast_exp2(s[4 * j + 1] - m_use[0]);
-      const float p2 = fast_exp2(s[4 * j + 2] - m_use[1]), p3 = fast_exp2(s[4 * j + 3] - m_use[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int tok = g * kHalfTok + wg::acc_col(wtid, 4 * j);
-      wg::st_pair(s_p, r_lo, tok, pack2<kBf16>(p0, p1));
-      wg::st_pair(s_p, r_lo + 8, tok, pack2<kBf16>(p2, p3));
+    for (int i = 0; i < 2; ++i) {
+      l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+      l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
     }
-    wg::fence_proxy_async();  // P, written by st.shared, is read by wgmma
-    __syncthreads();
-
-    // O += P V: V = dims [256g, 256g+256) of the stage, i.e. column blocks
-    // 4g..4g+3 (LBO = one block), 16 tokens = 2048 bytes per k-step.
-    const uint64_t desc_v = wg::desc_mn_sw128(kv + g * (kOCols / 64) * kBlockBytes, kBlockBytes);
-    wg::fence_regs(o);
-    wg::fence();
-#pragma unroll
-    for (int kt = 0; kt < kTok / 16; ++kt)
-      wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
-                                      desc_v + (wg::mn_major_step(kt) >> 4));
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_regs(o);
-  }
-
-  cp_async_wait_all();  // the query copy is still in flight when the item has no KV tile
-
-  // Row sums: over the quad, then over the two warpgroups' token halves.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
-  }
-  if ((lane & 3) == 0) {
-    s_sum[g * kRows + r_lo] = l_run[0];
-    s_sum[g * kRows + r_lo + 8] = l_run[1];
+    if ((lane & 3) == 0) {
+      s_sum[r_lo] = l_run[0];
+      s_sum[r_lo + 8] = l_run[1];
+    }
   }
   __syncthreads();
 
@@ -315,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = r_lo + 8 * i;
-    const float l = s_sum[r] + s_sum[kRows + r];
+    const float l = s_sum[r];
     const int64_t grow = row0 + r;
     if (grow >= rows || (to_partial && grow >= rows_cap)) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;

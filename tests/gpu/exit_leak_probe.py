@@ -1,13 +1,14 @@
 """Who holds plans at exit? A diagnostic for the sanitizer-only leak report.
 
-Runs test_exit_leaks' script, then lists every live MlaPlan / wrapper and,
-for each frame that refers to one, whether that frame is still executing
-(frame.clear() refuses an executing frame), which thread runs it, its
-reference count and the types of the referrers the collector can see.
-Under compute-sanitizer, nanobind reports plans alive at exit that frames of
-returned calls hold; without it nothing leaks. Run it both ways:
-  python3 tests/gpu/exit_leak_probe.py
-  compute-sanitizer --tool memcheck python3 tests/gpu/exit_leak_probe.py
+Runs test_exit_leaks' script (with --no-threads: its thread workers called
+from the main thread instead), then lists every live MlaPlan / wrapper beyond
+the ones the script keeps in module globals, and for each the chain of
+referrers the cycle collector can see (types, frame names, whether a frame is
+still executing), plus the threads Python still knows of. Without the
+sanitizer only the script's own globals hold plans; under compute-sanitizer
+nanobind reports more at exit. Run it both ways:
+  python3 tests/gpu/exit_leak_probe.py [--no-threads]
+  compute-sanitizer --tool memcheck python3 tests/gpu/exit_leak_probe.py [--no-threads]
 """
 import gc
 import os
@@ -17,43 +18,53 @@ import threading
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from test_exit_leaks import SCRIPT  # noqa: E402
 
-exec(compile(SCRIPT, "<test_exit_leaks.SCRIPT>", "exec"), globals())
+script = SCRIPT
+if "--no-threads" in sys.argv:
+    script = script.replace("for t in threads:\n        t.start()", "for _ in threads:\n        work()")
+    script = script.replace("for t in threads:\n        t.join()", "pass")
+    assert script != SCRIPT
+exec(compile(script, "<test_exit_leaks.SCRIPT>", "exec"), globals())  # noqa: S102
 
 import mlacore  # noqa: E402
 
+
+def describe(o):
+    if type(o).__name__ == "frame":
+        try:
+            o.clear()
+            state = "not executing"
+        except RuntimeError:
+            state = "EXECUTING"
+        return f"frame {o.f_code.co_name}:{o.f_lineno} ({state})"
+    if isinstance(o, dict):
+        return f"dict{sorted(map(str, o))[:5]}"
+    if isinstance(o, (list, tuple)):
+        return f"{type(o).__name__}[{len(o)}]"
+    return type(o).__qualname__
+
+
 gc.collect()
 watched = (mlacore.MlaPlan, mlacore.BatchMLAPagedAttentionWrapper)
+kept = {id(x) for x in PLANS} | {id(x) for pair in WRAPPERS for x in pair} | {id(SENTINEL)}  # noqa: F821
+kept |= {id(w._plan) for w, _ in WRAPPERS if getattr(w, "_plan", None) is not None}  # noqa: F821
 objs = gc.get_objects()
-live = [o for o in objs if issubclass(type(o), watched)]
-frames = [o for o in objs if type(o).__name__ == "frame"]
-running = {}
-for tid, top in sys._current_frames().items():
-    f = top
-    while f is not None:
-        running[id(f)] = tid
-        f = f.f_back
-names = {t.ident: t.name for t in threading.enumerate()}
-print(f"probe: {len(live)} live plans/wrappers, {len(frames)} frames tracked, threads {sorted(names.values())}")
-for o in live[:8]:
-    holders = [r for r in gc.get_referrers(o) if r is not objs and r is not live]
-    print(f"probe: {type(o).__name__} refcount={sys.getrefcount(o)} held by {[type(r).__name__ for r in holders]}")
-    for r in holders:
-        if type(r).__name__ == "dict":
-            for rr in gc.get_referrers(r):
-                if type(rr).__name__ == "frame":
-                    r = rr
-        if type(r).__name__ != "frame":
-            continue
-        code = r.f_code
-        try:
-            r.clear()
-            state = "cleared (was suspended or returned)"
-        except RuntimeError as e:
-            state = f"executing ({e})"
-        owners = [type(x).__name__ for x in gc.get_referrers(r) if x is not objs and x is not frames and x is not holders]
-        print(f"probe:   frame {code.co_name} ({code.co_filename}:{r.f_lineno}) refcount={sys.getrefcount(r)} "
-              f"thread={names.get(running.get(id(r)), running.get(id(r)))} {state} referrers={owners}")
-del objs, frames, live
+extra = [o for o in objs if issubclass(type(o), watched) and id(o) not in kept]
+print(f"probe: threads alive {[t.name for t in threading.enumerate()]}, "
+      f"current frames of {len(sys._current_frames())} threads, gc.garbage {len(gc.garbage)}")
+print(f"probe: {len(extra)} plans/wrappers beyond the script's globals")
+skip = {id(objs), id(extra)}
+for o in extra[:6]:
+    chain, cur, seen = [describe(o)], o, {id(o)}
+    for _ in range(6):
+        refs = [r for r in gc.get_referrers(cur) if id(r) not in skip and id(r) not in seen]
+        if not refs:
+            chain.append(f"(no tracked referrer; refcount {sys.getrefcount(cur) - 1})")
+            break
+        chain.append(" | ".join(describe(r) for r in refs[:3]))
+        cur = refs[0]
+        seen.add(id(cur))
+    print("probe:   " + " <- ".join(chain))
+del objs, extra
 gc.collect()
-print("probe: after clearing frames:",
-      sum(issubclass(type(o), watched) for o in gc.get_objects()), "plans/wrappers live", flush=True)
+left = sum(issubclass(type(o), watched) and id(o) not in kept for o in gc.get_objects())
+print(f"probe: after clearing those frames: {left} beyond the globals", flush=True)
