@@ -27,11 +27,11 @@ for step in $STEPS; do
   t0=$(date +%s)
   case $step in
     pytest)
-      # One process per file: a crash in one file cannot hide the others' results.
+      # One process per file (PYTEST_TIMEOUT s each, default 200): a crash in one file cannot hide the others' results.
       : > "$OUT/pytest.txt"
       for f in "$ROOT"/tests/test_*.py; do
         case " ${PYTEST_SKIP:-} " in *" $(basename "$f") "*) echo "$(basename "$f"): skipped this run"; continue ;; esac
-        (cd /tmp && timeout 200 python3 -m pytest -q -rs -p no:cacheprovider "$f" 2>&1) > /tmp/one.txt
+        (cd /tmp && timeout "${PYTEST_TIMEOUT:-200}" python3 -m pytest -q -rs -p no:cacheprovider "$f" 2>&1) > /tmp/one.txt
         rc=$?; cat /tmp/one.txt >> "$OUT/pytest.txt"
         echo "$(basename "$f"): rc=$rc $(tail -1 /tmp/one.txt)"
       done
