@@ -54,6 +54,9 @@ for step in $STEPS; do
       # bounds each process. SAN_FILES="test_a.py test_b.py" runs some files only.
       # MLACORE_PLAN_SYNC: as for sanitizer:*; MLACORE_HYPOTHESIS_PROFILE caps property
       # tests (tests/conftest.py); MLACORE_LEAK_REPORT lists what still holds plans at the end.
+      # --show-backtrace device: collecting host backtraces keeps the Python frames of the calls
+      # that launched alive (and the plans in them), so nanobind's exit check would report
+      # leaks that do not exist (the exitleak step shows it); device backtraces are kept.
       # SAN_K passes pytest -k. A test still running SAN_TIMEOUT-60 s in dumps every thread's
       # stack (faulthandler_timeout): a hang shows where it waits, a slow test does not.
       tools="memcheck racecheck"; [ "$step" = sanitizer-all ] || tools=$(echo "${step#sanitizer-all:}" | tr ',' ' ')
@@ -62,7 +65,7 @@ for step in $STEPS; do
         local base="$san_dir/$(basename "$(basename "${3:-$2}" .ids)" .py).$1" targets=("$2")
         [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
         (cd /tmp && MLACORE_PLAN_SYNC=1 MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
-          timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+          timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 --show-backtrace device \
           python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( ${SAN_TIMEOUT:-420} - 60 )) \
           ${SAN_K:+-k "$SAN_K"} "${targets[@]}") > "$base.log" 2>&1
         echo $? > "$base.rc"
@@ -108,7 +111,7 @@ for step in $STEPS; do
     sanitizer:*)
       for tool in memcheck racecheck; do
         # MLACORE_PLAN_SYNC: the sanitizer serializes launches, which the plan's handshake cannot survive.
-        (cd /tmp && MLACORE_PLAN_SYNC=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x \
+        (cd /tmp && MLACORE_PLAN_SYNC=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
           -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
         echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
       done ;;
