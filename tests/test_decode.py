@@ -6,6 +6,9 @@ run the tensor-core kernel and the portable kernel at small and benchmark shapes
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -327,6 +330,47 @@ def test_gpu_matches_reference(backend, dtype, page_size, heads, qo):
     err = check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2,
                 what=f"{backend} h={heads} qo={qo} page={page_size} {dtype}")
     print(f"{backend} h={heads} qo={qo} page={page_size} {dtype}: max err {err:.3e}")
+
+
+KERNEL_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
+from test_decode import make_batch, run_wrapper, check
+names = set()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for heads, qo, page, dtype in [(128, 1, 1, torch.bfloat16), (128, 2, 64, torch.float16),
+                                   (32, 1, 16, torch.bfloat16), (16, 4, 16, torch.bfloat16)]:
+        d = make_batch([1, 63, 64, 65, 700, 0, 2000], [qo] * 7, page, heads, dtype, "cuda", seed=heads + qo)
+        (out, lse), scale = run_wrapper(d, causal=qo > 1)
+        torch.cuda.synchronize()
+        check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=f"h={heads} qo={qo} page={page} {dtype}")
+names = {e.name for e in prof.events() if "mla_decode" in e.name}
+print("kernels:", " ".join(sorted("wgmma" if "wgmma" in n else "mma" if "mma_kernel" in n else "other"
+                                  for n in names)), flush=True)
+"""
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["default", "mma"])
+def test_gpu_64_row_tiles_by_either_kernel_in_a_fresh_process(kernel):
+    # MLACORE_DECODE_KERNEL is read once per process. 64-row query tiles (heads >= 32, or heads x
+    # qo_len > 16) run the wgmma kernel on an sm_90a build and the mma.sync kernel's 64-row
+    # configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma: a fresh interpreter checks
+    # that configuration against the reference, and the profiler names the kernel that ran.
+    env = dict(os.environ, MLACORE_TESTS_DIR=os.path.dirname(os.path.abspath(__file__)))
+    env.pop("MLACORE_DECODE_KERNEL", None)
+    if kernel == "mma":
+        env["MLACORE_DECODE_KERNEL"] = "mma"
+    res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, timeout=300,
+                         check=False, env=env, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
+    assert len(line) == 1, res.stdout + res.stderr
+    ran = set(line[0].split()[1:]) - {"other"}  # "other": the combine
+    # Every shape above has 64-row tiles; H100/H200 run them with wgmma unless told otherwise (a
+    # build without sm_90a code for them fails here on purpose: its fast kernel is missing).
+    want = "wgmma" if kernel == "default" and torch.cuda.get_device_capability() == (9, 0) else "mma"
+    assert ran == {want}, f"expected only the {want} kernel for 64-row tiles, the profiler saw: {res.stdout}"
 
 
 @requires_cuda
