@@ -3,7 +3,6 @@
 // aiter_decode.h, as the CPU loops of the contract test do.
 #include "gpu/compat.h"
 
-#include <atomic>
 
 #include "aiter_decode.h"
 
@@ -57,19 +56,9 @@ void launch_aiter_decode_combine(const AiterDecodeCombine& c, int device, void* 
 }
 
 int aiter_device_compute_units(int device) {
-  // Cached per device: the attribute query is cheap but not free, and the
-  // split count is computed on every call.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};
-  if (device >= 0 && device < kMaxDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int cu = 0;
-  gpu::check(gpuDeviceGetAttribute(&cu, gpuDevAttrMultiProcessorCount, device), "gpuDeviceGetAttribute");
-  if (cu < 1) cu = 1;
-  if (device >= 0 && device < kMaxDevices) cache[device].store(cu, std::memory_order_relaxed);
-  return cu;
+  // Cached per device (device_attribute): the split count is computed on every call.
+  const int cu = gpu::device_attribute<gpuDevAttrMultiProcessorCount>(device);
+  return cu > 1 ? cu : 1;
 }
 
 }  // namespace mlacore

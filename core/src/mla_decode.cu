@@ -671,9 +671,7 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
   if (p.max_work > 0x7fffffff) runtime_error("mla_decode: max_work ", p.max_work, " exceeds the grid limit");
 #if defined(MLACORE_GPU_CUDA)
   if (!portable) {
-    int smem_optin = 0;
-    gpu::check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device),
-               "cudaDeviceGetAttribute");
+    const int smem_optin = gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device);
     auto run = [&](auto kernel, int rows_per_cta, int smem) {
       gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "cudaFuncSetAttribute(mla_decode_mma_kernel)");

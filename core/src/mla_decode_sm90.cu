@@ -443,13 +443,11 @@ template <bool kBf16, class Idx>
 bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
   if (!kBuiltForSm90a) return false;
   auto kernel = mla_decode_wgmma_kernel<kBf16, Idx>;
-  int major = 0, minor = 0, smem_optin = 0;
-  gpu::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device), "cudaDeviceGetAttribute");
-  gpu::check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device), "cudaDeviceGetAttribute");
-  gpu::check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device),
-             "cudaDeviceGetAttribute");
   // sm_90a code runs on compute capability 9.0 only.
-  if (major != 9 || minor != 0 || smem_optin < kSmem) return false;
+  if (gpu::device_attribute<cudaDevAttrComputeCapabilityMajor>(p.device) != 9 ||
+      gpu::device_attribute<cudaDevAttrComputeCapabilityMinor>(p.device) != 0 ||
+      gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
+    return false;
   // The cubin the runtime picked for this device must be the sm_90 one
   // (binaryVersion 90); no image at all reports an error, cleared here so
   // the next launch check does not see it.

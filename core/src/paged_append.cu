@@ -19,7 +19,6 @@
 // The widest access every address and stride allows is used (16 bytes for
 // any dtype whose rows are 16-byte multiples, which covers every head dim
 // mlacore serves). Nothing depends on the warp size.
-#include <atomic>
 
 #include "gpu/compat.h"
 #include "paged_append.h"
@@ -284,22 +283,6 @@ KStream kstream(const CopyStream& s, int width) {
           static_cast<uint32_t>(seg_vecs), static_cast<uint32_t>(vecs)};
 }
 
-// Multiprocessors of `device`, asked once per device: the persistent grid
-// needs it on every call, and the host time of a small append is the bar.
-int sm_count(int device) {
-  constexpr int kCached = 64;
-  static std::atomic<int> cache[kCached];  // 0: not asked yet
-  if (device >= 0 && device < kCached) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int n = 0;
-  gpu::check(gpuDeviceGetAttribute(&n, gpuDevAttrMultiProcessorCount, device), "append: multiprocessor count");
-  if (n < 1) n = 1;
-  if (device >= 0 && device < kCached) cache[device].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 template <class Idx, class V>
 void launch(const PageTable<Idx>& table, const KParams& p, unsigned blocks, gpuStream_t stream) {
   append_kernel<Idx, V><<<blocks, kThreads, 0, stream>>>(table, p);
@@ -339,7 +322,10 @@ void launch_gpu(const Job& job, int device, void* stream) {
   // small appends do not spread a few tokens over hundreds of blocks.
   const int64_t tokens_per_round = p.vecs >= kRound ? 1 : kRound / p.vecs;
   const int64_t wanted = (p.nnz + tokens_per_round - 1) / tokens_per_round;
-  const int64_t resident = static_cast<int64_t>(sm_count(device)) * kBlocksPerSM;
+  // Asked once per device: the persistent grid needs it on every call, and the
+  // host time of a small append is the bar.
+  const int sms = gpu::device_attribute<gpuDevAttrMultiProcessorCount>(device);
+  const int64_t resident = static_cast<int64_t>(sms > 1 ? sms : 1) * kBlocksPerSM;
   // Below 2^16 blocks, so the kernel's share arithmetic stays in 32 bits.
   const int64_t cap = resident < 65535 ? resident : 65535;
   const unsigned blocks = static_cast<unsigned>(wanted < cap ? wanted : cap);

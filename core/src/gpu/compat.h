@@ -24,6 +24,7 @@ using gpuError_t = hipError_t;
 #define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuDeviceGetAttribute hipDeviceGetAttribute
+using gpuDeviceAttr = hipDeviceAttribute_t;
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
@@ -48,11 +49,13 @@ using gpuError_t = cudaError_t;
 #define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuDeviceGetAttribute cudaDeviceGetAttribute
+using gpuDeviceAttr = cudaDeviceAttr;
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define gpuFuncSetAttribute cudaFuncSetAttribute
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif
 
+#include <atomic>
 #include <cstdint>
 
 #include "../error.h"
@@ -91,6 +94,24 @@ class DeviceGuard {
   int previous_ = 0;
   bool restore_ = false;
 };
+
+// Attribute `A` of `device`, asked of the runtime once per device: device
+// attributes never change, and launch paths that run on every call (appends,
+// decode) need them. Devices past the first 64 are asked every time.
+template <gpuDeviceAttr A>
+int device_attribute(int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // value + 1; 0: not asked yet
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known - 1;
+  }
+  int value = 0;
+  check(gpuDeviceGetAttribute(&value, A, device), "gpuDeviceGetAttribute");
+  if (cached && value >= 0) cache[device].store(value + 1, std::memory_order_relaxed);
+  return value;
+}
 
 inline unsigned blocks_for(int64_t work, int threads, int64_t cap = 65535LL * 32) {
   int64_t b = (work + threads - 1) / threads;
