@@ -319,7 +319,8 @@ using MhaWarp = WarpShape<128, 128, 1, true, 2, false>;
 using MlaWarp = WarpShape<64, 8, 4, false, 4, true>;
 
 // One stream for the warp kernel. Rows are segments of 2^seg_shift vectors
-// (HND heads, strided source heads); a flat row is one segment (seg_shift 31).
+// (HND heads, strided source heads); a flat row is one segment of all its
+// vectors (and MlaWarp, flat by the host's check, skips the arithmetic).
 struct WStream {
   const char* src;
   int64_t src_token, src_seg;
@@ -462,8 +463,16 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
 #else
   // Measured on Hopper only: the launcher runs this kernel where the runtime
   // picked sm_90+ code for it (binary check), so reaching this is a dispatch bug.
+  // (The voids keep nvcc's device pass from warning about what only the
+  // sm_90 body uses.)
   (void)table;
   (void)p;
+  (void)kFullMask;
+  (void)S::kPipe;
+  (void)S::kFlat;
+  (void)S::PA;
+  (void)S::PB;
+  (void)S::PER;
 #if defined(__CUDA_ARCH__)
   __trap();
 #endif
