@@ -362,7 +362,9 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
     append_warp_kernel(PageTable<Idx> table, WarpParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int U = S::U, PA = S::PA, PER = S::PER;
-  const int lane = threadIdx.x & 31;
+  // The lane is written out as threadIdx.x & 31 where needed, not kept in a
+  // variable (nor a helper): at 64 registers (MlaWarp, int64 tables) ptxas
+  // spilled it otherwise.
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (kWarpThreads / 32);
   const int64_t groups = (p.nnz + U - 1) / U;
   int64_t g = (static_cast<int64_t>(blockIdx.x) * kWarpThreads + threadIdx.x) / 32;
@@ -372,12 +374,12 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
     const int64_t tok0 = grp * U;
     // Tokens of the group that exist (U unless it is the last one).
     const int ntok = p.nnz - tok0 < U ? static_cast<int>(p.nnz - tok0) : U;
-    for_each_of_stream<S::VA, PA>(lane, [&](int k, int t, uint32_t v) {
+    for_each_of_stream<S::VA, PA>((threadIdx.x & 31), [&](int k, int t, uint32_t v) {
       const int64_t tok = tok0 + t;
       if (U == 1 || t < ntok)
         buf[k] = load_once(reinterpret_cast<const uint4*>(p.a.src + tok * p.a.src_token + seg_offset<S::kFlat>(p.a, v, true)));
     });
-    for_each_of_stream<S::VB, S::PB>(lane, [&](int k, int t, uint32_t v) {
+    for_each_of_stream<S::VB, S::PB>((threadIdx.x & 31), [&](int k, int t, uint32_t v) {
       const int64_t tok = tok0 + t;
       if (U == 1 || t < ntok)
         buf[PA + k] =
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
   // Lanes < U hold their token's destination; ok bits of the whole group by
   // ballot. Tokens past nnz come with pos -1: locate() skips them.
   auto store_group = [&](const uint4 (&buf)[PER], const Dest& d) {
-    const uint32_t ok = __ballot_sync(kFullMask, lane < U && d.ok);
+    const uint32_t ok = __ballot_sync(kFullMask, (threadIdx.x & 31) < U && d.ok);
     // Where a stream's token is the same for the whole warp (VX a multiple
     // of 32), its offset is broadcast once per token, not once per access.
     int64_t rows_a[U], rows_b[U];
@@ -396,14 +398,14 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
       if constexpr (S::VA % 32 == 0) rows_a[u] = __shfl_sync(kFullMask, d.off_a, u);
       if constexpr (S::VB % 32 == 0) rows_b[u] = __shfl_sync(kFullMask, d.off_b, u);
     }
-    for_each_of_stream<S::VA, PA>(lane, [&](int k, int t, uint32_t v) {
+    for_each_of_stream<S::VA, PA>((threadIdx.x & 31), [&](int k, int t, uint32_t v) {
       int64_t off;
       if constexpr (S::VA % 32 == 0) off = rows_a[t];
       else off = __shfl_sync(kFullMask, d.off_a, t);
       if ((ok >> t) & 1u)
         *reinterpret_cast<uint4*>(p.a.dst + off + seg_offset<S::kFlat>(p.a, v, false)) = buf[k];
     });
-    for_each_of_stream<S::VB, S::PB>(lane, [&](int k, int t, uint32_t v) {
+    for_each_of_stream<S::VB, S::PB>((threadIdx.x & 31), [&](int k, int t, uint32_t v) {
       int64_t off;
       if constexpr (S::VB % 32 == 0) off = rows_b[t];
       else off = __shfl_sync(kFullMask, d.off_b, t);
@@ -415,8 +417,8 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
   auto fetch = [&](int64_t grp) {
     b = 0;
     pos = -1;
-    const int64_t tok = grp * U + lane;
-    if (lane < U && tok < p.nnz) {
+    const int64_t tok = grp * U + (threadIdx.x & 31);
+    if ((threadIdx.x & 31) < U && tok < p.nnz) {
       b = p.batch.at(tok);
       pos = p.pos.at(tok);
     }
@@ -425,7 +427,7 @@ __global__ void __launch_bounds__(kWarpThreads, S::kMinBlocks)
   // group `ahead`'s: only indptr -> indices is left on the next lookup's path.
   auto lookup = [&](int64_t ahead) -> Dest {
     Dest d{false, 0, 0};
-    if (lane < U) d = dest_of(table, b, pos, p.a.dst_page, p.a.dst_token, p.b.dst_page, p.b.dst_token);
+    if ((threadIdx.x & 31) < U) d = dest_of(table, b, pos, p.a.dst_page, p.a.dst_token, p.b.dst_page, p.b.dst_token);
     fetch(ahead);
     return d;
   };
