@@ -5,6 +5,10 @@ with nothing else written, strict mode, validation, backend routing,
 torch.compile, and on a GPU: bitwise equality with the CPU path, the caller's
 stream and CUDA-graph capture."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -644,6 +648,107 @@ def test_gpu_many_batches_per_block(index_dtype):
     assert_same(whole, expect)
     whole, expect = run_kv(table, "tuple", "HND", torch.bfloat16, heads=2, dim=64, device="cuda")
     assert_same(whole, expect)
+
+
+# --- GPU: the fast kernels ----------------------------------------------------------------
+# core/src/paged_append.cu routes, on a CUDA build holding sm_90 code for the device (an H200
+# with the default sm_targets), MLA rows of 1024 + 128 bytes (512 + 64 in bf16/fp16) to
+# append_bulk_kernel (cp.async.bulk) at page sizes >= 16 and to append_warp_kernel below, K/V
+# rows of 2048 bytes a stream (8 heads x 128 in bf16/fp16, 8 x 64 in fp32; NHD or HND) to
+# append_warp_kernel (double-buffered), everything else to append_kernel (the classic kernel).
+# MLACORE_APPEND_KERNEL=classic, read once per process, forces append_kernel.
+
+def _odd_table(nnz, page_size, index_dtype, seed):
+    """nnz tokens over 7 requests (uneven, most starting mid-page); from 10 tokens on, corrupted
+    in every way with_bad_tokens knows and, with int64 indices, positions of 2^32 and more."""
+    new = [nnz // 7 + (1 if b < nnz % 7 else 0) for b in range(7)]
+    table = Table(old=[3, 0, 17, 1, 64, 5, 2], new=new, page_size=page_size, seed=seed, index_dtype=index_dtype)
+    if nnz < 10:
+        return table
+    table = with_bad_tokens(table)
+    if index_dtype == torch.int64:
+        pos = table.positions.clone()
+        pos[nnz // 5] = 2**33 + 5
+        pos[2 * nnz // 3] = 2**40
+        table.positions = pos
+    return table
+
+
+def _fast_shapes_match_reference(table):
+    # MLA: token-major bulk copies (split, layer), stream-major (separate, padded), a merged
+    # and a strided source; fp32 rows are too long for either fast kernel.
+    for layout, dtype, stride in [("split", torch.bfloat16, None), ("layer", torch.float16, None),
+                                  ("separate", torch.bfloat16, None), ("padded", torch.bfloat16, None),
+                                  ("split", torch.bfloat16, 640), ("split", torch.float32, None)]:
+        whole, expect = run_mla(table, layout, dtype, device="cuda", src_stride=stride)
+        assert_same(whole, expect)
+    # K/V: flat (NHD) and per-head (HND) rows, K/V interleaved caches, fp32 with 64-wide heads.
+    for form, layout, dtype, dim in [("tuple", "NHD", torch.bfloat16, 128), ("5d", "HND", torch.float16, 128),
+                                     ("layer5d", "NHD", torch.bfloat16, 128),
+                                     ("strided_tuple", "HND", torch.bfloat16, 128),
+                                     ("strided_tuple", "NHD", torch.float32, 64)]:
+        whole, expect = run_kv(table, form, layout, dtype, heads=8, dim=dim, device="cuda")
+        assert_same(whole, expect)
+
+
+@requires_cuda
+@pytest.mark.parametrize("nnz", [1, 3, 37, 3001])
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_gpu_fast_kernel_shapes_at_odd_sizes(nnz, page_size, index_dtype):
+    # Tails of every kind: a last warp group of 1-3 MLA tokens, bulk-copy stages of fewer than
+    # 8 tokens, 32-token lookup tiles cut short, warps with nothing to do.
+    _fast_shapes_match_reference(_odd_table(nnz, page_size, index_dtype, seed=nnz + page_size))
+
+
+@requires_cuda
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_gpu_fast_kernel_shapes_many_tokens(page_size):
+    # Enough tokens for every resident warp to loop (the warp kernels' persistent grid) and for
+    # every bulk-copy warp to cycle its ring of stages many times.
+    _fast_shapes_match_reference(_odd_table(20_011, page_size, torch.int64, seed=page_size))
+
+
+KERNEL_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
+from test_append import Table, with_bad_tokens, run_mla, run_kv, assert_same
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for page_size in (1, 16):
+        table = with_bad_tokens(Table(old=[0, 33, 100, 7], new=[400, 1, 700, 9], page_size=page_size, seed=3))
+        for dims in ((512, 64), (64, 16)):  # a fast shape, then one only the classic kernel takes
+            whole, expect = run_mla(table, "split", torch.bfloat16, device="cuda", dims=dims)
+            assert_same(whole, expect)
+        for layout in ("NHD", "HND"):
+            whole, expect = run_kv(table, "tuple", layout, torch.bfloat16, heads=8, dim=128, device="cuda")
+            assert_same(whole, expect)
+    torch.cuda.synchronize()
+kinds = {"append_warp_kernel": "warp", "append_bulk_kernel": "bulk", "append_kernel": "classic"}
+ran = {kind for e in prof.events() for name, kind in kinds.items() if name in e.name}  # none holds another
+print("kernels:", " ".join(sorted(ran)), flush=True)
+"""
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["default", "classic"])
+def test_gpu_fast_and_classic_kernels_in_a_fresh_process(kernel):
+    # MLACORE_APPEND_KERNEL is read once per process: a fresh interpreter appends every fast
+    # shape (and one the classic kernel takes) against the reference, and the profiler names the
+    # kernels that ran. An H100/H200 runs the fast kernels unless told otherwise (a build without
+    # sm_90 code fails here on purpose: its fast kernels are missing); other GPUs the classic one.
+    env = dict(os.environ, MLACORE_TESTS_DIR=os.path.dirname(os.path.abspath(__file__)))
+    env.pop("MLACORE_APPEND_KERNEL", None)
+    if kernel == "classic":
+        env["MLACORE_APPEND_KERNEL"] = "classic"
+    res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, timeout=300,
+                         check=False, env=env, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
+    assert len(line) == 1, res.stdout + res.stderr
+    ran = set(line[0].split()[1:])
+    fast = kernel == "default" and torch.cuda.get_device_capability() == (9, 0)
+    want = {"warp", "bulk", "classic"} if fast else {"classic"}
+    assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {res.stdout}"
 
 
 @requires_cuda
