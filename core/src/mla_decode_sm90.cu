@@ -18,11 +18,13 @@
 // halved between them (128 fp32 accumulators per thread each):
 //  - warpgroup 0 (softmax): S = Q K^T for the whole tile (m64n64k16, 36
 //    k-steps, one read of Q per tile), mask, row maxima (a quad shuffle: it
-//    holds whole rows), P and the rescale factors alpha -> shared memory,
-//    O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256] (m64n256k16).
+//    holds whole rows), P and the rescale factors alpha -> shared memory for
+//    warpgroup 1, O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256]
+//    (m64n256k16 with P as the register A operand: the S accumulator packed
+//    pairwise is the A fragment, wgmma_sm90.cuh acc_to_a).
 //  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
 //    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
-//    O[:, 256:512] = alpha * O + P V[:, 256:512].
+//    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
 // Named barriers (both warpgroups, 256 threads; "arrive" = bar.arrive by
 // one side, bar.sync by the other):
 //  - kBarKvFull (sync/sync): stage of tile t landed (every loader thread did
@@ -33,9 +35,10 @@
 //  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
 //    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
 // Per tile t, warpgroup 0: sync KvFull(t) (t > 0); issue S(t), commit;
-// wait_group 1 (P V(t-1) done) -> arrive KvEmpty; wait_group 0 (S(t));
-// softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence; sync
-// PFull(t); issue P V(t), commit (waited for in the next tile).
+// wait_group 1 (P V(t-1) done) -> arrive KvEmpty (0 < t < n-1); wait_group 0
+// (S(t)); softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence;
+// sync PFull(t); issue P V(t) from registers, commit (waited for in the
+// next tile; P's registers stay untouched until then).
 // Warpgroup 1: sync PFull(t); O *= alpha; issue P V(t), commit, wait 0;
 // arrive PFree; cp.async.wait (tile t+1) + fence; sync KvFull(t+1); sync
 // KvEmpty (stage t % 2); issue tile t+2 into it. Every barrier is entered
@@ -214,10 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Warpgroup 0's running maximum and (per-thread partial) row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  // Descriptors move by adding encoded byte offsets (offset >> 4) to a base:
-  // every address stays below 256 KB, so the 14-bit field never carries.
-  const uint64_t desc_p = wg::desc_k_sw128(s_p);
-
   // Prologue: both stages are free, so tiles 0 and 1 load at once (empty
   // groups past the item). Tile 0 and Q are published by the first
   // kBarKvFull; tile 1 may still be in flight.
@@ -237,8 +236,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 
   if (g == 0) {
     // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
+    // Descriptors move by adding encoded byte offsets (offset >> 4) to a
+    // base: every address stays below 256 KB, so the 14-bit field never
+    // carries.
     const uint64_t desc_q = wg::desc_k_sw128(s_q);
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
+    // P(it) as the register A operand of this warpgroup's P V(it) (k-step kt
+    // = pk[4kt .. 4kt + 3]); owned by that wgmma until it is waited for in
+    // tile it + 1 (or after the loop), so it lives across iterations.
+    uint32_t pk[kTok / 4];
+#pragma unroll
+    for (int j = 0; j < kTok / 4; ++j) pk[j] = 0u;
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
       if (it > 0) wg::bar_sync(kBarKvFull, kThreads);  // tile `it` landed (warpgroup 1 waited + fenced)
@@ -268,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::wait<0>();  // S(it) and P V(it-1)
       wg::fence_regs(s);
       wg::fence_regs(o);
+      wg::fence_regs(pk);  // P V(it-1) no longer reads them
 
       // Mask, scale, row maxima (this warpgroup holds whole rows: a quad shuffle).
       const unsigned char* valid = s_valid + stage * kTok;
@@ -297,16 +306,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           o[4 * j + 2 * i + 1] *= alpha[i];
         }
       }
-      uint32_t pk[kTok / 4];
 #pragma unroll
       for (int j = 0; j < kTok / 8; ++j) {
-        const float p0 = fast_exp2(s[4 * j] - m_use[0]), p1 = fast_exp2(s[4 * j + 1] - m_use[0]);
-        const float p2 = fast_exp2(s[4 * j + 2] - m_use[1]), p3 = fast_exp2(s[4 * j + 3] - m_use[1]);
-        l_run[0] += p0 + p1;
-        l_run[1] += p2 + p3;
-        pk[2 * j] = pack2<kBf16>(p0, p1);
-        pk[2 * j + 1] = pack2<kBf16>(p2, p3);
+        s[4 * j] = fast_exp2(s[4 * j] - m_use[0]);
+        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - m_use[0]);
+        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - m_use[1]);
+        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - m_use[1]);
+        l_run[0] += s[4 * j] + s[4 * j + 1];
+        l_run[1] += s[4 * j + 2] + s[4 * j + 3];
       }
+      // P in the A fragment layout; the same registers are the shared copy.
+      wg::acc_to_a<kBf16>(s, pk);
       // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
       // previous ones.
       if (it > 0) wg::bar_sync(kBarPFree, kThreads);
@@ -320,25 +330,28 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         s_scale[r_lo] = alpha[0];
         s_scale[r_lo + 8] = alpha[1];
       }
-      wg::fence_proxy_async();  // P, written by st.shared, is read by wgmma
+      wg::fence_proxy_async();  // P, written by st.shared, is read by warpgroup 1's wgmma
       wg::bar_sync(kBarPFull, kThreads);
 
-      // O[:, 0:256] += P V: column blocks 0..3 of the stage (LBO = one
-      // block), 16 tokens = 2048 bytes per k-step. Waited for in the next
-      // tile (or after the loop).
+      // O[:, 0:256] += P V, P from registers: column blocks 0..3 of the
+      // stage (LBO = one block), 16 tokens = 2048 bytes per k-step. Waited
+      // for in the next tile (or after the loop). wgmma.fence orders the
+      // register writes of o (rescale) and pk (above) before the wgmma.
       wg::fence_regs(o);
+      wg::fence_regs(pk);
       wg::fence();
 #pragma unroll
       for (int kt = 0; kt < kTok / 16; ++kt)
-        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
-                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+        wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
       wg::commit();
     }
     wg::wait<0>();
     wg::fence_regs(o);
+    wg::fence_regs(pk);
   } else {
     // ---------------- warpgroup 1: loads, O[:, 256:512] ----------------
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv + (kOCols / 64) * kBlockBytes, kBlockBytes);  // blocks 4..7
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
       wg::bar_sync(kBarPFull, kThreads);  // P(it), alpha(it)
