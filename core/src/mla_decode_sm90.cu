@@ -39,14 +39,16 @@
 // (S(t)); softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence;
 // sync PFull(t); issue P V(t) from registers, commit (waited for in the
 // next tile; P's registers stay untouched until then).
-// Warpgroup 1: sync PFull(t); O *= alpha; issue P V(t), commit, wait 0;
-// arrive PFree; cp.async.wait (tile t+1) + fence; sync KvFull(t+1); sync
-// KvEmpty (stage t % 2); issue tile t+2 into it. Every barrier is entered
+// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; issue P V(t),
+// commit; (t + 1 < n:) cp.async.wait (tile t+1) + fence, sync KvFull(t+1);
+// wait_group 0 (P V(t)); (t + 1 < n:) arrive PFree; (t + 2 < n:) sync
+// KvEmpty (stage t % 2), issue tile t+2 into it. Every barrier is entered
 // by both sides exactly once per use, under the same tile-count conditions.
-// The load of tile t+2 is issued as soon as P V(t) completes and is needed
-// only once S(t+1), its softmax and P V(t+1) are through: about a tile of
-// latency hiding, as before; the tensor cores now run S(t+1) right behind
-// P V(t), idle only during warpgroup 0's softmax.
+// Tile t+1 is published before warpgroup 1 waits for its own P V(t), so
+// warpgroup 0 issues S(t+1) right behind both halves of P V(t) and the
+// tensor cores idle only during warpgroup 0's softmax. The load of tile
+// t+2 is issued once both P V(t) complete (KvEmpty) and is needed once
+// warpgroup 1 has issued P V(t+1): S(t+1) and its softmax of latency hiding.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -370,14 +372,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
                                         desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
       wg::commit();
-      wg::wait<0>();
-      wg::fence_regs(o);
       if (it + 1 < n_tiles) {
-        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) and alpha(it)
-        // Tile it+1 (the only group in flight) -> published to both warpgroups.
+        // Tile it+1 (the only cp.async group in flight) -> published to both
+        // warpgroups while this P V(it) runs, so warpgroup 0 issues S(it+1)
+        // right behind it.
         cp_async_wait_all();
         wg::fence_proxy_async();
         wg::bar_sync(kBarKvFull, kThreads);
+      }
+      wg::wait<0>();
+      wg::fence_regs(o);
+      if (it + 1 < n_tiles) {
+        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) (alpha(it) was read above)
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);
           // warpgroup 0 says when its S(it) and P V(it) are.
