@@ -280,16 +280,31 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::fence_regs(o);
       wg::fence_regs(pk);  // P V(it-1) no longer reads them
 
-      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad shuffle).
+      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad
+      // shuffle). Position tile_start + col is visible to row i iff col <
+      // lim[i] (limit[i] - tile_start clamped to [0, kTok]: 32-bit compares
+      // per element); the valid flags of columns col, col + 1 are one
+      // 16-bit load (col even).
       const unsigned char* valid = s_valid + stage * kTok;
+      int lim[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t d = limit[i] - tile_start;
+        lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+      }
       float mx[2] = {m_run[0], m_run[1]};
 #pragma unroll
-      for (int e = 0; e < kTok / 2; ++e) {
-        const int col = wg::acc_col(wtid, e);
-        const int i = (e >> 1) & 1;
-        const bool ok = tile_start + col < limit[i] && valid[col];
-        s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
-        mx[i] = fmaxf(mx[i], s[e]);
+      for (int j = 0; j < kTok / 8; ++j) {
+        const int col0 = wg::acc_col(wtid, 4 * j);
+        const uint32_t v2 = *reinterpret_cast<const uint16_t*>(valid + col0);
+#pragma unroll
+        for (int e = 4 * j; e < 4 * j + 4; ++e) {
+          const int col = col0 + (e & 1);
+          const int i = (e >> 1) & 1;
+          const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
+          s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+          mx[i] = fmaxf(mx[i], s[e]);
+        }
       }
       // A row that has seen nothing valid keeps m = -inf; exponentiate it
       // against 0 so no inf - inf.
