@@ -314,13 +314,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
         m_use[i] = mx[i] == -INFINITY ? 0.f : mx[i];
-        alpha[i] = fast_exp2(m_run[i] - m_use[i]);
+        alpha[i] = m_run[i] == m_use[i] ? 1.f : fast_exp2(m_run[i] - m_use[i]);  // exactly 1 when m holds
         l_run[i] *= alpha[i];
         m_run[i] = mx[i];
+      }
+      // Once the row maxima settle, alpha is exactly 1 for whole warps:
+      // skipping O *= 1 changes no bit (warp-uniform branch).
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
         for (int j = 0; j < kOCols / 8; ++j) {
-          o[4 * j + 2 * i] *= alpha[i];
-          o[4 * j + 2 * i + 1] *= alpha[i];
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
         }
       }
 #pragma unroll
@@ -373,6 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       const int stage = static_cast<int>(it & 1);
       wg::bar_sync(kBarPFull, kThreads);  // P(it), alpha(it)
       const float alpha0 = s_scale[r_lo], alpha1 = s_scale[r_lo + 8];
+      // (Unconditional: the alpha == 1 skip of warpgroup 0 costs this
+      // warpgroup over 30 registers in ptxas, and this rescale is hidden
+      // behind warpgroup 0's P V(it).)
 #pragma unroll
       for (int j = 0; j < kOCols / 8; ++j) {
         o[4 * j] *= alpha0;
