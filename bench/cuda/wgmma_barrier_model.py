@@ -15,6 +15,7 @@ hazards rely on:
     warpgroups completed (KvEmpty, and warpgroup 1's own wait).
 No GPU involved:  python3 bench/cuda/wgmma_barrier_model.py
 """
+
 import random
 
 
@@ -41,7 +42,12 @@ def wg0(n):
 
 
 def wg1(n):
-    ops = [("ev", "load", 0), ("ev", "load", 1), ("ev", "load_landed", 0), ("sync", "KvFull", "prologue")]
+    ops = [
+        ("ev", "load", 0),
+        ("ev", "load", 1),
+        ("ev", "load_landed", 0),
+        ("sync", "KvFull", "prologue"),
+    ]
     for it in range(n):
         ops.append(("sync", "PFull", it))
         ops.append(("ev", "alpha_read", it))
@@ -66,7 +72,9 @@ def run(n, rng):
     while not all(pc[a] >= len(seqs[a]) for a in (0, 1)):
         cand = [a for a in (0, 1) if pc[a] < len(seqs[a]) and not blocked[a]]
         if not cand:
-            raise AssertionError(f"n={n}: deadlock at {[seqs[a][pc[a]] for a in (0, 1)]}")
+            raise AssertionError(
+                f"n={n}: deadlock at {[seqs[a][pc[a]] for a in (0, 1)]}"
+            )
         a = rng.choice(cand)
         kind, name, tag = seqs[a][pc[a]]
         vc[a][a] += 1
@@ -75,14 +83,18 @@ def run(n, rng):
             pc[a] += 1
             continue
         ph = phase.setdefault(name, [])
-        assert all(x[0] != a for x in ph), f"n={n}: warpgroup {a} enters {name} twice in one phase"
+        assert all(x[0] != a for x in ph), (
+            f"n={n}: warpgroup {a} enters {name} twice in one phase"
+        )
         ph.append((a, tag, kind, list(vc[a])))
         if kind == "arrive":
             pc[a] += 1
         else:
             blocked[a] = True
         if len(ph) == 2:
-            assert ph[0][1] == ph[1][1], f"n={n}: {name} phase mixes tiles {ph[0][1]} and {ph[1][1]}"
+            assert ph[0][1] == ph[1][1], (
+                f"n={n}: {name} phase mixes tiles {ph[0][1]} and {ph[1][1]}"
+            )
             m = [max(ph[0][3][i], ph[1][3][i]) for i in (0, 1)]
             for x in ph:
                 if x[2] == "sync":
@@ -94,7 +106,9 @@ def run(n, rng):
 
     bad = []
 
-    def need(x, y):  # x happens before y (both must have occurred, or neither is checked)
+    def need(
+        x, y
+    ):  # x happens before y (both must have occurred, or neither is checked)
         if x in ev and y in ev:
             (ax, vx), (_, vy) = ev[x], ev[y]
             if not vx[ax] <= vy[ax]:
