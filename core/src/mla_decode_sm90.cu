@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #if defined(MLACORE_WGMMA_ENABLED)
   constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
   constexpr int kOCols = kCkvDim / 2;  // O columns per warpgroup
+  // Warpgroup 0's P V takes P from registers (register-A wgmma). false: from
+  // its shared-memory copy, as warpgroup 1 does (same barriers; a switch to
+  // isolate the register path if it ever misbehaves).
+  constexpr bool kWg0PvFromRegs = true;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t s_base = smem_addr(smem);
@@ -243,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     // carries.
     const uint64_t desc_q = wg::desc_k_sw128(s_q);
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);                   // only without kWg0PvFromRegs
     // P(it) as the register A operand of this warpgroup's P V(it) (k-step kt
     // = pk[4kt .. 4kt + 3]); owned by that wgmma until it is waited for in
     // tile it + 1 (or after the loop), so it lives across iterations.
@@ -364,8 +369,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::fence_regs(pk);
       wg::fence();
 #pragma unroll
-      for (int kt = 0; kt < kTok / 16; ++kt)
-        wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+      for (int kt = 0; kt < kTok / 16; ++kt) {
+        const uint64_t dv = desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4);
+        if constexpr (kWg0PvFromRegs) {
+          wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv);
+        } else {
+          // P(it) in shared memory is rewritten only after PFree(it), which
+          // follows this warpgroup's wait for this P V in tile it + 1.
+          wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), dv);
+        }
+      }
       wg::commit();
     }
     wg::wait<0>();
