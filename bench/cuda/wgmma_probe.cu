@@ -10,6 +10,12 @@
 //       registers by st_pair (here each warpgroup stores 32 columns; the
 //       kernel's warpgroup 0 stores all 64 the same way), then warpgroup g computes columns [256g, 256g+256) with
 //       m64n256k16 (A = P K-major, B = V MN-major via transpose-B).
+//   pv_rs: the same O with P as the register A operand (the kernel's
+//       warpgroup 0 path): every thread holds P in the m64n64k16
+//       accumulator layout (as S after the softmax), packs it with
+//       wg::acc_to_a and feeds registers 4kt..4kt+3 to k-step kt of
+//       m64n256k16 (B = V MN-major via transpose-B); warpgroup g computes
+//       columns [256g, 256g+256), so both halves of V go through that path.
 // Each for bf16 and fp16. A wrong descriptor field, swizzle or fragment map
 // shows as a large error; the first mismatch is printed to pin it.
 //
@@ -182,6 +188,48 @@ static bool report(const char* name, const std::vector<float>& got, const std::v
 }
 
 template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) pv_rs_probe(const uint16_t* pm, const uint16_t* v, float* o_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  load_tile(smem, v);
+  wg::fence_proxy_async();
+  __syncthreads();
+  const int g = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+  // P in the m64n64 accumulator layout (fp32, exact in 16 bits), as the
+  // kernel's warpgroup 0 holds it after the softmax, then its A fragments.
+  float s[kTok / 2];
+#pragma unroll
+  for (int e = 0; e < kTok / 2; ++e) {
+    const uint16_t u = pm[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)];
+    if constexpr (kBf16) {
+      s[e] = __uint_as_float(static_cast<uint32_t>(u) << 16);
+    } else {
+      s[e] = __half2float(__ushort_as_half(u));
+    }
+  }
+  uint32_t pk[kTok / 4];
+  wg::acc_to_a<kBf16>(s, pk);
+  const uint64_t desc_v = wg::desc_mn_sw128(smem_u32(smem) + g * 4 * kBlockBytes, kBlockBytes);
+  float o[128];
+  for (int e = 0; e < 128; ++e) o[e] = 0.f;
+  wg::fence_regs(o);
+  wg::fence_regs(pk);
+  wg::fence();
+#pragma unroll
+  for (int kt = 0; kt < kTok / 16; ++kt)
+    wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, desc_v + (wg::mn_major_step(kt) >> 4));
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(o);
+  wg::fence_regs(pk);
+  for (int e = 0; e < 128; ++e) o_out[wg::acc_row(wtid, e) * kV + 256 * g + wg::acc_col(wtid, e)] = o[e];
+#else
+  (void)pm, (void)v, (void)o_out;
+#endif
+}
+
+template <bool kBf16>
 static bool run_case() {
   const bool bf16 = kBf16;
   const char* tag = kBf16 ? "bf16" : "fp16";
@@ -206,37 +254,45 @@ static bool run_case() {
     }
 
   uint16_t *d_q, *d_k, *d_p;
-  float *d_s64, *d_o;
+  float *d_s64, *d_o, *d_ors;
   CHECK(cudaMalloc(&d_q, q.size() * 2));
   CHECK(cudaMalloc(&d_k, k.size() * 2));
   CHECK(cudaMalloc(&d_p, pm.size() * 2));
   CHECK(cudaMalloc(&d_o, o_ref.size() * 4));
   CHECK(cudaMalloc(&d_s64, s_ref.size() * 4));
+  CHECK(cudaMalloc(&d_ors, o_ref.size() * 4));
   CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_p, pm.data(), pm.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemset(d_s64, 0xff, s_ref.size() * 4));  // NaN: unwritten elements fail
   CHECK(cudaMemset(d_o, 0xff, o_ref.size() * 4));
+  CHECK(cudaMemset(d_ors, 0xff, o_ref.size() * 4));
 
-  const int smem_qk = 2 * kTileBytes + 1024, smem_pv = kTileBytes + kBlockBytes + 1024;
+  const int smem_qk = 2 * kTileBytes + 1024, smem_pv = kTileBytes + kBlockBytes + 1024, smem_pv_rs = kTileBytes + 1024;
+  CHECK(cudaFuncSetAttribute(pv_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv_rs));
   CHECK(cudaFuncSetAttribute(pv_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv));
   CHECK(cudaFuncSetAttribute(qk64_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
   pv_probe<kBf16><<<1, 256, smem_pv>>>(d_p, d_k, d_o);  // V = the first 512 dims of the K tile
   CHECK(cudaGetLastError());
   qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s64);
   CHECK(cudaGetLastError());
+  pv_rs_probe<kBf16><<<1, 256, smem_pv_rs>>>(d_p, d_k, d_ors);
+  CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
 
-  std::vector<float> s64(s_ref.size()), o(o_ref.size());
+  std::vector<float> s64(s_ref.size()), o(o_ref.size()), ors(o_ref.size());
   CHECK(cudaMemcpy(s64.data(), d_s64, s64.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(ors.data(), d_ors, ors.size() * 4, cudaMemcpyDeviceToHost));
   char name[32];
   std::snprintf(name, sizeof name, "qk64-%s", tag);
   const bool ok_s64 = report(name, s64, s_ref, kTok);
   std::snprintf(name, sizeof name, "pv-%s", tag);
   const bool ok_o = report(name, o, o_ref, kV);
-  cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s64), cudaFree(d_o);
-  return ok_s64 && ok_o;
+  std::snprintf(name, sizeof name, "pv_rs-%s", tag);
+  const bool ok_ors = report(name, ors, o_ref, kV);
+  cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s64), cudaFree(d_o), cudaFree(d_ors);
+  return ok_s64 && ok_o && ok_ors;
 }
 
 int main() {

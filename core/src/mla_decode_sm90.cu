@@ -18,11 +18,13 @@
 // halved between them (128 fp32 accumulators per thread each):
 //  - warpgroup 0 (softmax): S = Q K^T for the whole tile (m64n64k16, 36
 //    k-steps, one read of Q per tile), mask, row maxima (a quad shuffle: it
-//    holds whole rows), P and the rescale factors alpha -> shared memory,
-//    O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256] (m64n256k16).
+//    holds whole rows), P and the rescale factors alpha -> shared memory for
+//    warpgroup 1, O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256]
+//    (m64n256k16 with P as the register A operand: the S accumulator packed
+//    pairwise is the A fragment, wgmma_sm90.cuh acc_to_a).
 //  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
 //    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
-//    O[:, 256:512] = alpha * O + P V[:, 256:512].
+//    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
 // Named barriers (both warpgroups, 256 threads; "arrive" = bar.arrive by
 // one side, bar.sync by the other):
 //  - kBarKvFull (sync/sync): stage of tile t landed (every loader thread did
@@ -33,17 +35,20 @@
 //  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
 //    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
 // Per tile t, warpgroup 0: sync KvFull(t) (t > 0); issue S(t), commit;
-// wait_group 1 (P V(t-1) done) -> arrive KvEmpty; wait_group 0 (S(t));
-// softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence; sync
-// PFull(t); issue P V(t), commit (waited for in the next tile).
-// Warpgroup 1: sync PFull(t); O *= alpha; issue P V(t), commit, wait 0;
-// arrive PFree; cp.async.wait (tile t+1) + fence; sync KvFull(t+1); sync
-// KvEmpty (stage t % 2); issue tile t+2 into it. Every barrier is entered
+// wait_group 1 (P V(t-1) done) -> arrive KvEmpty (0 < t < n-1); wait_group 0
+// (S(t)); softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence;
+// sync PFull(t); issue P V(t) from registers, commit (waited for in the
+// next tile; P's registers stay untouched until then).
+// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; issue P V(t),
+// commit; (t + 1 < n:) cp.async.wait (tile t+1) + fence, sync KvFull(t+1);
+// wait_group 0 (P V(t)); (t + 1 < n:) arrive PFree; (t + 2 < n:) sync
+// KvEmpty (stage t % 2), issue tile t+2 into it. Every barrier is entered
 // by both sides exactly once per use, under the same tile-count conditions.
-// The load of tile t+2 is issued as soon as P V(t) completes and is needed
-// only once S(t+1), its softmax and P V(t+1) are through: about a tile of
-// latency hiding, as before; the tensor cores now run S(t+1) right behind
-// P V(t), idle only during warpgroup 0's softmax.
+// Tile t+1 is published before warpgroup 1 waits for its own P V(t), so
+// warpgroup 0 issues S(t+1) right behind both halves of P V(t) and the
+// tensor cores idle only during warpgroup 0's softmax. The load of tile
+// t+2 is issued once both P V(t) complete (KvEmpty) and is needed once
+// warpgroup 1 has issued P V(t+1): S(t+1) and its softmax of latency hiding.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -97,6 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #if defined(MLACORE_WGMMA_ENABLED)
   constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
   constexpr int kOCols = kCkvDim / 2;  // O columns per warpgroup
+  // Warpgroup 0's P V takes P from registers (register-A wgmma). false: from
+  // its shared-memory copy, as warpgroup 1 does (same barriers; a switch to
+  // isolate the register path if it ever misbehaves).
+  constexpr bool kWg0PvFromRegs = true;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t s_base = smem_addr(smem);
@@ -214,10 +223,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Warpgroup 0's running maximum and (per-thread partial) row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  // Descriptors move by adding encoded byte offsets (offset >> 4) to a base:
-  // every address stays below 256 KB, so the 14-bit field never carries.
-  const uint64_t desc_p = wg::desc_k_sw128(s_p);
-
   // Prologue: both stages are free, so tiles 0 and 1 load at once (empty
   // groups past the item). Tile 0 and Q are published by the first
   // kBarKvFull; tile 1 may still be in flight.
@@ -237,8 +242,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 
   if (g == 0) {
     // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
+    // Descriptors move by adding encoded byte offsets (offset >> 4) to a
+    // base: every address stays below 256 KB, so the 14-bit field never
+    // carries.
     const uint64_t desc_q = wg::desc_k_sw128(s_q);
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);                   // only without kWg0PvFromRegs
+    // P(it) as the register A operand of this warpgroup's P V(it) (k-step kt
+    // = pk[4kt .. 4kt + 3]); owned by that wgmma until it is waited for in
+    // tile it + 1 (or after the loop), so it lives across iterations.
+    uint32_t pk[kTok / 4];
+#pragma unroll
+    for (int j = 0; j < kTok / 4; ++j) pk[j] = 0u;
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
       if (it > 0) wg::bar_sync(kBarKvFull, kThreads);  // tile `it` landed (warpgroup 1 waited + fenced)
@@ -268,17 +283,33 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::wait<0>();  // S(it) and P V(it-1)
       wg::fence_regs(s);
       wg::fence_regs(o);
+      wg::fence_regs(pk);  // P V(it-1) no longer reads them
 
-      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad shuffle).
+      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad
+      // shuffle). Position tile_start + col is visible to row i iff col <
+      // lim[i] (limit[i] - tile_start clamped to [0, kTok]: 32-bit compares
+      // per element); the valid flags of columns col, col + 1 are one
+      // 16-bit load (col even).
       const unsigned char* valid = s_valid + stage * kTok;
+      int lim[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t d = limit[i] - tile_start;
+        lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+      }
       float mx[2] = {m_run[0], m_run[1]};
 #pragma unroll
-      for (int e = 0; e < kTok / 2; ++e) {
-        const int col = wg::acc_col(wtid, e);
-        const int i = (e >> 1) & 1;
-        const bool ok = tile_start + col < limit[i] && valid[col];
-        s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
-        mx[i] = fmaxf(mx[i], s[e]);
+      for (int j = 0; j < kTok / 8; ++j) {
+        const int col0 = wg::acc_col(wtid, 4 * j);
+        const uint32_t v2 = *reinterpret_cast<const uint16_t*>(valid + col0);
+#pragma unroll
+        for (int e = 4 * j; e < 4 * j + 4; ++e) {
+          const int col = col0 + (e & 1);
+          const int i = (e >> 1) & 1;
+          const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
+          s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+          mx[i] = fmaxf(mx[i], s[e]);
+        }
       }
       // A row that has seen nothing valid keeps m = -inf; exponentiate it
       // against 0 so no inf - inf.
@@ -288,25 +319,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
         m_use[i] = mx[i] == -INFINITY ? 0.f : mx[i];
-        alpha[i] = fast_exp2(m_run[i] - m_use[i]);
+        alpha[i] = m_run[i] == m_use[i] ? 1.f : fast_exp2(m_run[i] - m_use[i]);  // exactly 1 when m holds
         l_run[i] *= alpha[i];
         m_run[i] = mx[i];
+      }
+      // Once the row maxima settle, alpha is exactly 1 for whole warps:
+      // skipping O *= 1 changes no bit (warp-uniform branch).
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
         for (int j = 0; j < kOCols / 8; ++j) {
-          o[4 * j + 2 * i] *= alpha[i];
-          o[4 * j + 2 * i + 1] *= alpha[i];
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
         }
       }
-      uint32_t pk[kTok / 4];
 #pragma unroll
       for (int j = 0; j < kTok / 8; ++j) {
-        const float p0 = fast_exp2(s[4 * j] - m_use[0]), p1 = fast_exp2(s[4 * j + 1] - m_use[0]);
-        const float p2 = fast_exp2(s[4 * j + 2] - m_use[1]), p3 = fast_exp2(s[4 * j + 3] - m_use[1]);
-        l_run[0] += p0 + p1;
-        l_run[1] += p2 + p3;
-        pk[2 * j] = pack2<kBf16>(p0, p1);
-        pk[2 * j + 1] = pack2<kBf16>(p2, p3);
+        s[4 * j] = fast_exp2(s[4 * j] - m_use[0]);
+        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - m_use[0]);
+        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - m_use[1]);
+        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - m_use[1]);
+        l_run[0] += s[4 * j] + s[4 * j + 1];
+        l_run[1] += s[4 * j + 2] + s[4 * j + 3];
       }
+      // P in the A fragment layout; the same registers are the shared copy.
+      wg::acc_to_a<kBf16>(s, pk);
       // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
       // previous ones.
       if (it > 0) wg::bar_sync(kBarPFree, kThreads);
@@ -320,29 +358,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         s_scale[r_lo] = alpha[0];
         s_scale[r_lo + 8] = alpha[1];
       }
-      wg::fence_proxy_async();  // P, written by st.shared, is read by wgmma
+      wg::fence_proxy_async();  // P, written by st.shared, is read by warpgroup 1's wgmma
       wg::bar_sync(kBarPFull, kThreads);
 
-      // O[:, 0:256] += P V: column blocks 0..3 of the stage (LBO = one
-      // block), 16 tokens = 2048 bytes per k-step. Waited for in the next
-      // tile (or after the loop).
+      // O[:, 0:256] += P V, P from registers: column blocks 0..3 of the
+      // stage (LBO = one block), 16 tokens = 2048 bytes per k-step. Waited
+      // for in the next tile (or after the loop). wgmma.fence orders the
+      // register writes of o (rescale) and pk (above) before the wgmma.
       wg::fence_regs(o);
+      wg::fence_regs(pk);
       wg::fence();
 #pragma unroll
-      for (int kt = 0; kt < kTok / 16; ++kt)
-        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
-                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+      for (int kt = 0; kt < kTok / 16; ++kt) {
+        const uint64_t dv = desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4);
+        if constexpr (kWg0PvFromRegs) {
+          wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv);
+        } else {
+          // P(it) in shared memory is rewritten only after PFree(it), which
+          // follows this warpgroup's wait for this P V in tile it + 1.
+          wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), dv);
+        }
+      }
       wg::commit();
     }
     wg::wait<0>();
     wg::fence_regs(o);
+    wg::fence_regs(pk);
   } else {
     // ---------------- warpgroup 1: loads, O[:, 256:512] ----------------
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv + (kOCols / 64) * kBlockBytes, kBlockBytes);  // blocks 4..7
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
       wg::bar_sync(kBarPFull, kThreads);  // P(it), alpha(it)
       const float alpha0 = s_scale[r_lo], alpha1 = s_scale[r_lo + 8];
+      // (Unconditional: the alpha == 1 skip of warpgroup 0 costs this
+      // warpgroup over 30 registers in ptxas, and this rescale is hidden
+      // behind warpgroup 0's P V(it).)
 #pragma unroll
       for (int j = 0; j < kOCols / 8; ++j) {
         o[4 * j] *= alpha0;
@@ -357,14 +409,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
                                         desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
       wg::commit();
-      wg::wait<0>();
-      wg::fence_regs(o);
       if (it + 1 < n_tiles) {
-        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) and alpha(it)
-        // Tile it+1 (the only group in flight) -> published to both warpgroups.
+        // Tile it+1 (the only cp.async group in flight) -> published to both
+        // warpgroups while this P V(it) runs, so warpgroup 0 issues S(it+1)
+        // right behind it.
         cp_async_wait_all();
         wg::fence_proxy_async();
         wg::bar_sync(kBarKvFull, kThreads);
+      }
+      wg::wait<0>();
+      wg::fence_regs(o);
+      if (it + 1 < n_tiles) {
+        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) (alpha(it) was read above)
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);
           // warpgroup 0 says when its S(it) and P V(it) are.

@@ -123,6 +123,34 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// Register A operand of m64nNk16 from an f32 accumulator of m64n(16 * K)
+// (the decode kernel's P = exp(S) after the softmax): register i is the pair
+// (acc[2i], acc[2i + 1]) rounded to 16 bits, the lower column in the low half,
+// and k-step kt of the A operand is registers 4kt .. 4kt + 3. With the
+// accumulator map above, register 4kt + m holds row r + 8 (m & 1), columns
+// 16kt + 8 (m >> 1) + 2 (lane % 4) + {0, 1}: exactly the A fragment
+// (a0..a7) of the PTX ISA figure "WGMMA .m64nNk16 register fragment layout
+// for matrix A" (CUTLASS ALayout_64x16 = CLayout_64x16). The same packed
+// register is what st_pair stores for the shared-memory copy of P.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack_a(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <bool kBf16, int N>
+__device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N / 2]) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) a[i] = pack_a<kBf16>(acc[2 * i], acc[2 * i + 1]);
+}
+
 #if defined(MLACORE_WGMMA_ENABLED)
 
 // The accumulators go to wgmma as N/2 scalar "+f" operands, eight at a time.
@@ -145,33 +173,54 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
                : "l"(desc_a), "l"(desc_b), "r"(1)                                                    \
                : "memory")
 
+// The 128 accumulator operands of an m64n256 wgmma as asm text (%0..%127).
+#define MLACORE_WGMMA_D128_TEXT \
+  "%0, %1, %2, %3, %4, %5, %6, %7, " \
+  "%8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, " \
+  "%72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, " \
+  "%88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, " \
+  "%104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, " \
+  "%120, %121, %122, %123, %124, %125, %126, %127"
+
 // D[64x256] += A[64x16] * B[16x256]: A K-major, B MN-major (transpose-B
 // immediate = 1), both in shared memory.
 #define MLACORE_WGMMA_M64N256K16_SS_TB(AB)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                         \
                "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB "." AB " {"                         \
-               "%0, %1, %2, %3, %4, %5, %6, %7, "                                                    \
-               "%8, %9, %10, %11, %12, %13, %14, %15, "                                              \
-               "%16, %17, %18, %19, %20, %21, %22, %23, "                                            \
-               "%24, %25, %26, %27, %28, %29, %30, %31, "                                            \
-               "%32, %33, %34, %35, %36, %37, %38, %39, "                                            \
-               "%40, %41, %42, %43, %44, %45, %46, %47, "                                            \
-               "%48, %49, %50, %51, %52, %53, %54, %55, "                                            \
-               "%56, %57, %58, %59, %60, %61, %62, %63, "                                            \
-               "%64, %65, %66, %67, %68, %69, %70, %71, "                                            \
-               "%72, %73, %74, %75, %76, %77, %78, %79, "                                            \
-               "%80, %81, %82, %83, %84, %85, %86, %87, "                                            \
-               "%88, %89, %90, %91, %92, %93, %94, %95, "                                            \
-               "%96, %97, %98, %99, %100, %101, %102, %103, "                                        \
-               "%104, %105, %106, %107, %108, %109, %110, %111, "                                    \
-               "%112, %113, %114, %115, %116, %117, %118, %119, "                                    \
-               "%120, %121, %122, %123, %124, %125, %126, %127"                                      \
+               MLACORE_WGMMA_D128_TEXT                                                               \
                "}, %128, %129, p, 1, 1, 0, 1;\n}\n"                                                  \
                : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24),      \
                  MLACORE_WGMMA_ACC8(32), MLACORE_WGMMA_ACC8(40), MLACORE_WGMMA_ACC8(48), MLACORE_WGMMA_ACC8(56),    \
                  MLACORE_WGMMA_ACC8(64), MLACORE_WGMMA_ACC8(72), MLACORE_WGMMA_ACC8(80), MLACORE_WGMMA_ACC8(88),    \
                  MLACORE_WGMMA_ACC8(96), MLACORE_WGMMA_ACC8(104), MLACORE_WGMMA_ACC8(112), MLACORE_WGMMA_ACC8(120)  \
                : "l"(desc_a), "l"(desc_b), "r"(1)                                                    \
+               : "memory")
+
+// D[64x256] += A[64x16] * B[16x256]: A from registers (a[0..3], the
+// fragment acc_to_a builds), B MN-major in shared memory (transpose-B
+// immediate = 1). The A registers, like D, belong to the wgmma until a
+// wait_group covers it: the caller keeps them unmodified (fence_regs after
+// that wait) and issues wgmma.fence after writing them.
+#define MLACORE_WGMMA_M64N256K16_RS_TB(AB)                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB "." AB " {"                         \
+               MLACORE_WGMMA_D128_TEXT                                                               \
+               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                  \
+               : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24),      \
+                 MLACORE_WGMMA_ACC8(32), MLACORE_WGMMA_ACC8(40), MLACORE_WGMMA_ACC8(48), MLACORE_WGMMA_ACC8(56),    \
+                 MLACORE_WGMMA_ACC8(64), MLACORE_WGMMA_ACC8(72), MLACORE_WGMMA_ACC8(80), MLACORE_WGMMA_ACC8(88),    \
+                 MLACORE_WGMMA_ACC8(96), MLACORE_WGMMA_ACC8(104), MLACORE_WGMMA_ACC8(112), MLACORE_WGMMA_ACC8(120)  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)                      \
                : "memory")
 
 template <bool kBf16>
@@ -186,7 +235,15 @@ __device__ __forceinline__ void mma_m64n256k16_ss_tb(float (&d)[128], uint64_t d
   else MLACORE_WGMMA_M64N256K16_SS_TB("f16");
 }
 
+template <bool kBf16>
+__device__ __forceinline__ void mma_m64n256k16_rs_tb(float (&d)[128], const uint32_t* a, uint64_t desc_b) {
+  if constexpr (kBf16) MLACORE_WGMMA_M64N256K16_RS_TB("bf16");
+  else MLACORE_WGMMA_M64N256K16_RS_TB("f16");
+}
+
+#undef MLACORE_WGMMA_M64N256K16_RS_TB
 #undef MLACORE_WGMMA_M64N256K16_SS_TB
+#undef MLACORE_WGMMA_D128_TEXT
 #undef MLACORE_WGMMA_M64N64K16_SS
 #undef MLACORE_WGMMA_ACC8
 
