@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import mlacore
 from mlacore import _mlacore
 
-from conftest import requires_cuda
+from conftest import UNDER_SANITIZER, requires_cuda
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -746,6 +746,9 @@ def test_gpu_fast_and_classic_kernels_in_a_fresh_process(kernel):
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
     assert len(line) == 1, res.stdout + res.stderr
     ran = set(line[0].split()[1:])
+    if UNDER_SANITIZER and not ran:
+        # The child checked every result; CUPTI records no kernels under compute-sanitizer.
+        pytest.skip("results checked; under compute-sanitizer the profiler sees no kernels to name")
     fast = kernel == "default" and torch.cuda.get_device_capability() == (9, 0)
     want = {"warp", "bulk", "classic"} if fast else {"classic"}
     assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {res.stdout}"

@@ -367,6 +367,9 @@ def test_gpu_64_row_tiles_by_either_kernel_in_a_fresh_process(kernel):
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
     assert len(line) == 1, res.stdout + res.stderr
     ran = set(line[0].split()[1:]) - {"other"}  # "other": the combine
+    if UNDER_SANITIZER and not ran:
+        # The child checked every result; CUPTI records no kernels under compute-sanitizer.
+        pytest.skip("results checked; under compute-sanitizer the profiler sees no kernels to name")
     # Every shape above has 64-row tiles; H100/H200 run them with wgmma unless told otherwise (a
     # build without sm_90a code for them fails here on purpose: its fast kernel is missing).
     want = "wgmma" if kernel == "default" and torch.cuda.get_device_capability() == (9, 0) else "mma"
