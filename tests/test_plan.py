@@ -55,15 +55,20 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
     def splits(s, c):
         return 1 if s["kv_tiles"] == 0 else cdiv(s["kv_tiles"], c)
 
+    # Bounds: capacity (items within max_work) and balance (the batch's cost over the SMs).
     spare = max_work - B
     if spare <= 0:
-        c_min = no_split
+        balance = cap = no_split
     else:
-        c_min = min(max(cdiv(cost, num_sms), 1, cdiv(sum_kt, spare)), no_split)
+        cap = min(max(cdiv(sum_kt, spare), 1), no_split)
+        balance = min(max(cdiv(cost, num_sms), cap), no_split)
     chunk = no_split
-    if c_min < no_split:
-        cands = [min(no_split if i == NCAND - 1 else c_min + cdiv(c_min * i, 4), no_split) for i in range(NCAND)]
-        cands = [e if (e := cdiv(no_split, cdiv(no_split, c))) >= c_min else c for c in cands]
+    if balance < no_split:
+        # Equal parts of the longest request, for these part counts; never below the capacity bound.
+        s0 = cdiv(no_split, balance)
+        counts = [s0, s0 - 1, s0 * 3 // 4, s0 // 2, 1]
+        assert len(counts) == NCAND
+        cands = [max(cdiv(no_split, max(n, 1)), cap) for n in counts]
         best, best_time = no_split, None
         for c in reversed(cands):
             t = cdiv(sum(s["q_tiles"] * splits(s, c) for s in shapes), num_sms) * (c + FIXED)
@@ -206,6 +211,21 @@ def test_splits_fill_the_sms_and_large_batches_do_not_split():
     # Query tiles count: 128 heads x 4 tokens = 8 tiles per item, so fewer splits than with 16 heads.
     plan.build(*tensors([0, 4], [0, 1024], [65536]), 64, 128)
     assert plan.info.num_work <= 132 // 8 + 2
+
+
+@pytest.mark.parametrize("batch, kv_len, heads, parts", [(8, 32768, 128, 8), (32, 8192, 128, 2), (32, 32768, 128, 2),
+                                                          (8, 32768, 16, 16), (32, 8192, 16, 4), (32, 32768, 16, 4)])
+def test_decode_bench_shapes_split_into_equal_parts_in_one_wave(batch, kv_len, heads, parts):
+    # The shapes of bench/attn.py on 132 SMs (H100/H200): every request in `parts` equal chunks, and
+    # all CTAs (items x query tiles) in one wave. Chunks grown from the balance bound gave (8, 32768)
+    # at 128 heads 7 parts of 74 tiles: 112 CTAs, 20 idle SMs (ncu: SMs active 82% of the kernel).
+    page = 64
+    per = kv_len // page
+    plan = mlacore.MlaPlan("cpu", max_batch=batch, num_sms=132)
+    plan.build(*tensors(list(range(batch + 1)), [i * per for i in range(batch + 1)], [kv_len] * batch), page, heads)
+    assert plan.info.chunk_tokens == kv_len // parts
+    assert plan.info.num_work == batch * parts
+    assert plan.info.num_work * cdiv(heads, TILE) <= 132
 
 
 def test_empty_requests_batch_zero_and_padding():

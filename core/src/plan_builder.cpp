@@ -176,11 +176,11 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
                        const ScheduleTotals& t, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  const int64_t c_min = min_chunk_tiles(t, in.num_sms, layout.max_work);
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
   int64_t chunk = no_split;
-  if (c_min < no_split) {
+  if (cb.balance < no_split) {
     Divider by[kPlanCandidates];
-    for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, c_min, no_split));
+    for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, cb, no_split));
     CandidateCtas cand;
     int64_t q0 = 0;
     for (int64_t b = 0; b < B; ++b) {
@@ -189,7 +189,7 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
       for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += q_tiles * by[i].splits(kv_tiles);
       q0 = q1;
     }
-    chunk = pick_chunk_tiles(cand, c_min, no_split, in.num_sms);
+    chunk = pick_chunk_tiles(cand, cb, no_split, in.num_sms);
   }
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
   const Divider by_chunk(chunk);

@@ -43,12 +43,12 @@ enum PlanError : int32_t {
 // tiles of kDecodeTileTokens (FlashMLA charges 5 blocks of 64 tokens): loading
 // the query tile, writing output or partial, its share of the combine.
 constexpr int64_t kPlanFixedCostTiles = 5;
-// Chunk sizes tried around the balanced one (see choose_chunk_tiles).
+// Chunk sizes compared per batch (candidate_tiles).
 constexpr int kPlanCandidates = 5;
 
-// Work items that suffice for any batch of max_batch requests: the chosen
-// chunk is never below ceil(sum kv_tiles / num_sms), so splitting adds fewer
-// than num_sms items on top of one per request.
+// Work items that suffice for any batch of max_batch requests: room for
+// num_sms items on top of one per request, which the capacity bound of
+// chunk_bounds() keeps the splits within.
 constexpr int64_t default_max_work(int64_t max_batch, int64_t num_sms) {
   return max_batch + (num_sms > 0 ? num_sms : 1);
 }
@@ -164,41 +164,54 @@ struct CandidateCtas {
   }
 };
 
-// The smallest chunk (in tiles) the balance and the capacity allow.
-// Balance (FlashMLA): the work of the whole batch, fixed costs included,
-// spread over num_sms CTAs gives each ceil(cost / num_sms) tiles. Capacity:
-// splitting request b into ceil(kv_tiles_b / c) < kv_tiles_b / c + 1 items
-// stays within max_work when c >= sum kv_tiles / (max_work - valid).
-MLACORE_HD int64_t min_chunk_tiles(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
+// The bounds on a batch's chunk (in tiles), both at most no_split.
+// Capacity (hard): splitting request b into ceil(kv_tiles_b / c) <
+// kv_tiles_b / c + 1 items stays within max_work when c >= sum kv_tiles /
+// (max_work - valid). Balance (FlashMLA, where the candidates start): the
+// work of the whole batch, fixed costs included, spread over num_sms CTAs
+// gives each ceil(cost / num_sms) tiles; never below the capacity bound.
+struct ChunkBounds {
+  int64_t balance;
+  int64_t capacity;
+};
+
+MLACORE_HD ChunkBounds chunk_bounds(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  int64_t c = ceil_div(t.cost, num_sms);
-  if (c < 1) c = 1;
   const int64_t spare = max_work - t.valid;
-  if (spare <= 0) return no_split;
-  const int64_t c_cap = ceil_div(t.kv_tiles, spare);
-  if (c_cap > c) c = c_cap;
-  return c < no_split ? c : no_split;
+  if (spare <= 0) return {no_split, no_split};
+  int64_t cap = ceil_div(t.kv_tiles, spare);
+  if (cap < 1) cap = 1;
+  int64_t c = ceil_div(t.cost, num_sms);
+  if (c < cap) c = cap;
+  return {c < no_split ? c : no_split, cap < no_split ? cap : no_split};
 }
 
-// Candidate i: c_min grown by i quarters, the last one "no split at all";
-// then evened: the longest request keeps its number of splits but in equal
-// parts (512 tiles in 4 x 128, not 158 + 158 + 158 + 38), so no CTA carries
-// a tail the others wait for. Never below c_min, which keeps the capacity.
-MLACORE_HD int64_t candidate_tiles(int i, int64_t c_min, int64_t no_split) {
-  int64_t c = i == kPlanCandidates - 1 ? no_split : c_min + ceil_div(c_min * i, 4);
-  if (c > no_split) c = no_split;
-  const int64_t even = ceil_div(no_split, ceil_div(no_split, c));
-  return even >= c_min ? even : c;
+// Candidate i as a number of equal parts of the longest request (no_split
+// tiles): s0 = ceil(no_split / balance), the most parts the balance allows,
+// then s0 - 1, 3/4 s0, s0 / 2 and 1 (no split at all). Equal parts (512
+// tiles in 8 x 64, not 8 x 63 + 8) leave no CTA with a tail the others wait
+// for, and a count that just misses a wave is weighed against the one below
+// it: 16 query tiles of 512 KV tiles on 132 SMs are 9 x 57 (144 CTAs, two
+// waves) or 8 x 64 (128 CTAs, one), where chunks grown from the balance
+// (63, 79, ...) gave 7 x 74 and left 20 SMs idle. A part may fall below the
+// balance bound (the modelled time decides), never below the capacity bound.
+MLACORE_HD int64_t candidate_tiles(int i, const ChunkBounds& cb, int64_t no_split) {
+  const int64_t s0 = ceil_div(no_split, cb.balance);
+  int64_t s = i == 0 ? s0 : i == 1 ? s0 - 1 : i == 2 ? s0 * 3 / 4 : i == 3 ? s0 / 2 : 1;
+  if (s < 1) s = 1;
+  const int64_t c = ceil_div(no_split, s);
+  return c > cb.capacity ? c : cb.capacity;
 }
 
 // Picks the candidate with the shortest modelled time: waves of num_sms CTAs
 // (AITER's occupancy term: a wave that is mostly empty costs as much as a
 // full one) times the per-CTA time, chunk + fixed cost (AITER's split
 // overhead term). Ties go to the larger chunk: fewer partials to merge.
-MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, int64_t c_min, int64_t no_split, int64_t num_sms) {
+MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, const ChunkBounds& cb, int64_t no_split,
+                                    int64_t num_sms) {
   int64_t best = no_split, best_time = -1;
   for (int i = kPlanCandidates - 1; i >= 0; --i) {
-    const int64_t c = candidate_tiles(i, c_min, no_split);
+    const int64_t c = candidate_tiles(i, cb, no_split);
     const int64_t time = ceil_div(cand.ctas[i], num_sms) * (c + kPlanFixedCostTiles);
     if (best_time < 0 || time < best_time || (time == best_time && c > best)) {
       best = c;
@@ -252,16 +265,16 @@ MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const S
   const ScheduleTotals t = ex.reduce(local);
 
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  const int64_t c_min = min_chunk_tiles(t, in.num_sms, layout.max_work);
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
   int64_t chunk = no_split;
-  if (c_min < no_split) {
+  if (cb.balance < no_split) {
     CandidateCtas cand;
     for (int64_t b = tid; b < B; b += nth) {
       const RequestShape r = request_shape(in, b, starts_ok);
       for (int i = 0; i < kPlanCandidates; ++i)
-        cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, c_min, no_split));
+        cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, cb, no_split));
     }
-    chunk = pick_chunk_tiles(ex.reduce(cand), c_min, no_split, in.num_sms);
+    chunk = pick_chunk_tiles(ex.reduce(cand), cb, no_split, in.num_sms);
   }
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
 
@@ -289,7 +302,7 @@ MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const S
     const int64_t first_item = offset & 0xffffffffLL, first_partial = offset >> 32;
     last_page_len[b] = static_cast<int32_t>(r.last_page_len);
     split_indptr[b] = static_cast<int32_t>(first_partial);
-    // min_chunk_tiles() keeps the items within max_work; the bound below only
+    // The capacity bound keeps the items within max_work; the bound below only
     // makes a broken invariant lose work instead of writing past the buffer.
     for (int64_t i = 0; i < n && first_item + i < layout.max_work; ++i) {
       const int64_t begin = i * chunk_tokens;
