@@ -420,7 +420,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::wait<0>();
       wg::fence_regs(o);
       if (it + 1 < n_tiles) {
+#if defined(MLACORE_RACECHECK_BARRIERS)
+        // Racecheck build (-Dcuda_args=-DMLACORE_RACECHECK_BARRIERS, docs/RELIABILITY.md):
+        // bar.sync where the kernel arrives. compute-sanitizer's racecheck reports hazards
+        // after a bar.arrive hand-off even when it is correct (bench/cuda/
+        // racecheck_arrive_probe.cu), and models bar.sync; this waits for warpgroup 0's
+        // softmax before loading tile it+2, so it is slower, with the same results.
+        wg::bar_sync(kBarPFree, kThreads);
+#else
         wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) (alpha(it) was read above)
+#endif
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);
           // warpgroup 0 says when its S(it) and P V(it) are.

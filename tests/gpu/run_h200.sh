@@ -9,7 +9,8 @@ STEPS=${1:-"pytest bench"}
 OUT=${OUT:-/tmp/mlacore-out}
 mkdir -p "$OUT"
 ROOT=$(pwd)
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+# MLACORE_SITE_FIRST: a directory searched before /tmp/site (another build of mlacore, e.g. the racecheck build).
+export PYTHONPATH=${MLACORE_SITE_FIRST:+$MLACORE_SITE_FIRST:}/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 # MLACORE_SKIP_BUILD=1: an earlier invocation in this call installed everything
 # (lets two invocations run side by side, e.g. the sanitizer next to pytest).
