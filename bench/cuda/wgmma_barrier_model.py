@@ -41,7 +41,7 @@ def wg0(n):
     return ops
 
 
-def wg1(n):
+def wg1(n, racecheck_build=False):
     ops = [
         ("ev", "load", 0),
         ("ev", "load", 1),
@@ -57,7 +57,8 @@ def wg1(n):
             ops.append(("sync", "KvFull", it + 1))
         ops.append(("ev", "PV1_done", it))  # wgmma wait_group 0
         if it + 1 < n:
-            ops.append(("arrive", "PFree", it))
+            # MLACORE_RACECHECK_BARRIERS: bar.sync instead of bar.arrive.
+            ops.append(("sync" if racecheck_build else "arrive", "PFree", it))
             if it + 2 < n:
                 ops.append(("sync", "KvEmpty", it))
                 ops.append(("ev", "load", it + 2))
@@ -65,8 +66,8 @@ def wg1(n):
     return ops
 
 
-def run(n, rng):
-    seqs = [wg0(n), wg1(n)]
+def run(n, rng, racecheck_build=False):
+    seqs = [wg0(n), wg1(n, racecheck_build)]
     pc, vc, blocked = [0, 0], [[0, 0], [0, 0]], [False, False]
     phase, ev = {}, {}
     while not all(pc[a] >= len(seqs[a]) for a in (0, 1)):
@@ -129,7 +130,10 @@ def run(n, rng):
 
 if __name__ == "__main__":
     rng = random.Random(1)
-    for n in range(10):
-        for _ in range(500):
-            run(n, rng)
-    print("barrier model: n_tiles 0..9, 500 interleavings each: OK")
+    for racecheck_build in (False, True):
+        for n in range(10):
+            for _ in range(500):
+                run(n, rng, racecheck_build)
+    print(
+        "barrier model: n_tiles 0..9, 500 interleavings each, production and racecheck builds: OK"
+    )
