@@ -192,6 +192,13 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
   "%112, %113, %114, %115, %116, %117, %118, %119, " \
   "%120, %121, %122, %123, %124, %125, %126, %127"
 
+// Their 128 accumulators as operands %0..%127.
+#define MLACORE_WGMMA_ACC128                                                                          \
+  MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24),         \
+      MLACORE_WGMMA_ACC8(32), MLACORE_WGMMA_ACC8(40), MLACORE_WGMMA_ACC8(48), MLACORE_WGMMA_ACC8(56),   \
+      MLACORE_WGMMA_ACC8(64), MLACORE_WGMMA_ACC8(72), MLACORE_WGMMA_ACC8(80), MLACORE_WGMMA_ACC8(88),   \
+      MLACORE_WGMMA_ACC8(96), MLACORE_WGMMA_ACC8(104), MLACORE_WGMMA_ACC8(112), MLACORE_WGMMA_ACC8(120)
+
 // D[64x256] += A[64x16] * B[16x256]: A K-major, B MN-major (transpose-B
 // immediate = 1), both in shared memory.
 #define MLACORE_WGMMA_M64N256K16_SS_TB(AB)                                                           \
@@ -199,10 +206,7 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
                "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB "." AB " {"                         \
                MLACORE_WGMMA_D128_TEXT                                                               \
                "}, %128, %129, p, 1, 1, 0, 1;\n}\n"                                                  \
-               : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24),      \
-                 MLACORE_WGMMA_ACC8(32), MLACORE_WGMMA_ACC8(40), MLACORE_WGMMA_ACC8(48), MLACORE_WGMMA_ACC8(56),    \
-                 MLACORE_WGMMA_ACC8(64), MLACORE_WGMMA_ACC8(72), MLACORE_WGMMA_ACC8(80), MLACORE_WGMMA_ACC8(88),    \
-                 MLACORE_WGMMA_ACC8(96), MLACORE_WGMMA_ACC8(104), MLACORE_WGMMA_ACC8(112), MLACORE_WGMMA_ACC8(120)  \
+               : MLACORE_WGMMA_ACC128                                                                  \
                : "l"(desc_a), "l"(desc_b), "r"(1)                                                    \
                : "memory")
 
@@ -216,10 +220,7 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
                "wgmma.mma_async.sync.aligned.m64n256k16.f32." AB "." AB " {"                         \
                MLACORE_WGMMA_D128_TEXT                                                               \
                "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                  \
-               : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24),      \
-                 MLACORE_WGMMA_ACC8(32), MLACORE_WGMMA_ACC8(40), MLACORE_WGMMA_ACC8(48), MLACORE_WGMMA_ACC8(56),    \
-                 MLACORE_WGMMA_ACC8(64), MLACORE_WGMMA_ACC8(72), MLACORE_WGMMA_ACC8(80), MLACORE_WGMMA_ACC8(88),    \
-                 MLACORE_WGMMA_ACC8(96), MLACORE_WGMMA_ACC8(104), MLACORE_WGMMA_ACC8(112), MLACORE_WGMMA_ACC8(120)  \
+               : MLACORE_WGMMA_ACC128                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)                      \
                : "memory")
 
@@ -244,6 +245,7 @@ __device__ __forceinline__ void mma_m64n256k16_rs_tb(float (&d)[128], const uint
 #undef MLACORE_WGMMA_M64N256K16_RS_TB
 #undef MLACORE_WGMMA_M64N256K16_SS_TB
 #undef MLACORE_WGMMA_D128_TEXT
+#undef MLACORE_WGMMA_ACC128
 #undef MLACORE_WGMMA_M64N64K16_SS
 #undef MLACORE_WGMMA_ACC8
 
