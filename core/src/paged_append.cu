@@ -737,8 +737,6 @@ bool classic_forced() {
   return forced;
 }
 
-constexpr int kCachedDevices = 64;
-
 // Whether the cubin the runtime picked for the current device holds sm_90+
 // code for `kernel` (the fast kernels' bodies are compiled for sm_90+ only:
 // what was measured); no image at all reports an error, cleared here so the
@@ -754,53 +752,38 @@ bool has_sm90_code(Kernel kernel) {
 }
 
 // Blocks of the warp kernel resident per SM on `device` (current), asked once
-// per device; <= 0 when it cannot run there (no sm_90+ code for the device).
+// per device; 0 when it cannot run there (no sm_90+ code for the device).
 template <class S, class Idx>
 int warp_blocks_per_sm(int device) {
-  static std::atomic<int> cache[kCachedDevices];  // 0: not asked yet
-  const bool cached = device >= 0 && device < kCachedDevices;
-  if (cached) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known;
-  }
-  auto kernel = append_warp_kernel<S, Idx>;
-  int n = 0;
-  if (has_sm90_code(kernel))
-    gpu::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarpThreads, 0),
-               "append: occupancy of append_warp_kernel");
-  if (n < 1) n = -1;
-  if (cached) cache[device].store(n, std::memory_order_relaxed);
-  return n;
+  return gpu::once_per_device(device, [] {
+    auto kernel = append_warp_kernel<S, Idx>;
+    int n = 0;
+    if (has_sm90_code(kernel))
+      gpu::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarpThreads, 0),
+                 "append: occupancy of append_warp_kernel");
+    return n > 0 ? n : 0;
+  });
 }
 
 // Blocks of the bulk kernel resident per SM on `device` (current), asked once
-// per device; <= 0 when the kernel cannot run there: the cubin the runtime
+// per device; 0 when the kernel cannot run there: the cubin the runtime
 // picked for the device is not sm_90+ code (an sm_80-only build on an H200,
 // or any pre-Hopper GPU: the kernel body is then a trap), or the device
 // lacks the shared memory.
 template <class Idx>
 int bulk_blocks_per_sm(int device) {
-  static std::atomic<int> cache[kCachedDevices];  // 0: not asked yet
-  const bool cached = device >= 0 && device < kCachedDevices;
-  if (cached) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known;
-  }
-  auto kernel = append_bulk_kernel<Idx>;
-  int n = -1;
-  int optin = 0;
-  gpu::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "append: shared memory per block");
-  if (optin >= kBulkSmem && has_sm90_code(kernel)) {
+  return gpu::once_per_device(device, [device] {
+    auto kernel = append_bulk_kernel<Idx>;
+    if (gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device) < kBulkSmem ||
+        !has_sm90_code(kernel))
+      return 0;
     gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem),
                "cudaFuncSetAttribute(append_bulk_kernel)");
     int fit = 0;
     gpu::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kBulkW * 32, kBulkSmem),
                "append: occupancy of append_bulk_kernel");
-    if (fit >= 1) n = fit;
-  }
-  if (cached) cache[device].store(n, std::memory_order_relaxed);
-  return n;
+    return fit > 0 ? fit : 0;
+  });
 }
 
 bool is_pow2(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }

@@ -95,11 +95,13 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-// Attribute `A` of `device`, asked of the runtime once per device: device
-// attributes never change, and launch paths that run on every call (appends,
-// decode) need them. Devices past the first 64 are asked every time.
-template <gpuDeviceAttr A>
-int device_attribute(int device) {
+// A non-negative property of `device` that never changes (a device
+// attribute, a kernel's occupancy there), computed by `ask()` once per
+// device: launch paths that run on every call need them. One cache per
+// instantiation, so each call site passes its own lambda type. Devices past
+// the first 64, and negative answers, are asked every time.
+template <class Ask>
+int once_per_device(int device, Ask ask) {
   constexpr int kCachedDevices = 64;
   static std::atomic<int> cache[kCachedDevices] = {};  // value + 1; 0: not asked yet
   const bool cached = device >= 0 && device < kCachedDevices;
@@ -107,10 +109,19 @@ int device_attribute(int device) {
     const int known = cache[device].load(std::memory_order_relaxed);
     if (known > 0) return known - 1;
   }
-  int value = 0;
-  check(gpuDeviceGetAttribute(&value, A, device), "gpuDeviceGetAttribute");
+  const int value = ask();
   if (cached && value >= 0) cache[device].store(value + 1, std::memory_order_relaxed);
   return value;
+}
+
+// Attribute `A` of `device`, asked of the runtime once per device.
+template <gpuDeviceAttr A>
+int device_attribute(int device) {
+  return once_per_device(device, [device] {
+    int value = 0;
+    check(gpuDeviceGetAttribute(&value, A, device), "gpuDeviceGetAttribute");
+    return value;
+  });
 }
 
 inline unsigned blocks_for(int64_t work, int threads, int64_t cap = 65535LL * 32) {
