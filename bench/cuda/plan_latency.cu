@@ -17,6 +17,8 @@
 // Measured on the H200 (2026-11-30): bare 6.5-7.4, launch 8.5-9.8, build 10.0-13.4 (1.4-2.0x bare),
 // memops3 19-24, memopsB 16.5-20.7, api d2h 1.7, h2d 2.8, launch 3.6-4.3: a kernel's round trip
 // alone costs 1.3-1.4x a copy's here, and stream memory operations are slower still.
+//   copy3   three cudaMemcpyAsync D2H + sync + host schedule + H2D (no kernel, no memops)
+//   copyB   the same with one cudaMemcpyBatchAsync; bare3/bareB: the D2H copies + sync alone
 // (build with -lcuda for the prototype)
 #include <mlacore/mlacore.h>
 
@@ -181,6 +183,34 @@ int main() {
       MCHECK(mlacore_plan_build(host_plan, &hq, &hk, &hl, 64, 16, &hm, nullptr));
       if (!std::equal(back.begin(), back.end(), host_meta.begin())) std::printf("MISMATCH at batch %d\n", B);
     }
+    // Copy-engine exchange without stream memory operations: the D2H copies, a stream
+    // synchronization, the host schedule into pinned memory, one H2D copy (no kernel at all).
+    auto copy_exchange = [&](bool batched) {
+      if (batched) {
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        size_t idx = 0;
+        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
+      } else {
+        for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+      }
+      CHECK(cudaStreamSynchronize(stream));
+      MCHECK(mlacore_plan_build(host_plan, &pq, &pk, &pl, 64, 16, &pm, nullptr));
+      CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream));
+    };
+    const double copy3 = us_per_call([&] { copy_exchange(false); });
+    const double copyB = us_per_call([&] { copy_exchange(true); });
+    const double bare3 = us_per_call([&] {
+      for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    const double bareB = us_per_call([&] {
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t idx = 0;
+      CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
     auto drained = [&](auto&& f) {
       int n = 0;
       return us_per_call([&] {
@@ -191,6 +221,10 @@ int main() {
     const double api_d2h = drained([&] { CHECK(cudaMemcpyAsync(pinned, d_in, bytes, cudaMemcpyDeviceToHost, stream)); });
     const double api_h2d = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream)); });
     const double api_launch = drained([&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+    const double api_h2d_small = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, 256, cudaMemcpyHostToDevice, stream)); });
+    std::printf("%6d copies: bare3 %5.2f bareB %5.2f | copy3 %6.2f (%4.2fx) copyB %6.2f (%4.2fx) | api h2d 256B %5.2f, %lld B\n",
+                B, bare3, bareB, copy3, copy3 / bare, copyB, copyB / bare, api_h2d_small,
+                static_cast<long long>(total * 4));
     std::printf("%6d %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | memops3 %6.2f (%4.2fx) memopsB %6.2f (%4.2fx) | api d2h %5.2f h2d %5.2f launch %5.2f\n",
                 B, bare, launch, build, build / bare, dev, host, memops3, memops3 / bare, memopsB, memopsB / bare,
                 api_d2h, api_h2d, api_launch);
