@@ -83,12 +83,14 @@ constexpr int kOffP = kOffKv + kStages * kTileBytes;
 constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of the current tile
 constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
 constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok]
-constexpr int kSmemUsed = kOffValid + kStages * kTok;
+constexpr int kOffPFree = kOffValid + kStages * kTok;  // uint64: the PFree mbarrier
+constexpr int kSmemUsed = kOffPFree + 8;
 // The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
 // slack lets the kernel round it up.
 constexpr int kSmem = kSmemUsed + 1024;
 static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per block (227 KB)");
 static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles (4 k-steps of P V)");
+static_assert(kOffPFree % 8 == 0, "mbarriers are 8-byte aligned");
 static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms on 1 KB");
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
 static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
@@ -113,6 +115,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float* s_scale = reinterpret_cast<float*>(smem + kOffScale);
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
   unsigned char* s_valid = smem + kOffValid;
+#if !defined(MLACORE_RACECHECK_BARRIERS)
+  const uint32_t s_pfree = s_base + kOffPFree;
+#endif
 
   // Lets the combine kernel launch once every CTA of this grid is resident;
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
@@ -238,6 +243,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     cp_async_wait_all();  // Q
   }
   wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
+#if !defined(MLACORE_RACECHECK_BARRIERS)
+  if (tid == 0) wg::mbar_init(s_pfree, kThreads / 2);  // published by the barrier below
+#endif
   wg::bar_sync(kBarKvFull, kThreads);
 
   if (g == 0) {
@@ -347,7 +355,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::acc_to_a<kBf16>(s, pk);
       // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
       // previous ones.
-      if (it > 0) wg::bar_sync(kBarPFree, kThreads);
+      if (it > 0) {
+#if defined(MLACORE_RACECHECK_BARRIERS)
+        wg::bar_sync(kBarPFree, kThreads);
+#else
+        wg::mbar_wait(s_pfree, static_cast<uint32_t>((it - 1) & 1));  // phase it-1: P V(it-1) of warpgroup 1
+#endif
+      }
 #pragma unroll
       for (int j = 0; j < kTok / 8; ++j) {
         const int tok = wg::acc_col(wtid, 4 * j);
@@ -428,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         // softmax before loading tile it+2, so it is slower, with the same results.
         wg::bar_sync(kBarPFree, kThreads);
 #else
-        wg::bar_arrive(kBarPFree, kThreads);  // done with P(it) (alpha(it) was read above)
+        wg::mbar_arrive(s_pfree);  // done with P(it) (alpha(it) was read above): phase it
 #endif
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);

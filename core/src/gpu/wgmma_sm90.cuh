@@ -106,6 +106,22 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Shared-memory mbarriers (CTA scope): init by one thread before a barrier
+// that publishes it; each phase completes after `count` arrivals (release);
+// a waiter spins on the parity of the phase it needs (acquire).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n MBAR_WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra MBAR_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity) : "memory");
+}
+
 // Stores two 16-bit elements (columns col, col + 1; col even) of row `row`
 // of a 64-column K-major block at `block`: how accumulator pairs become an A
 // operand in shared memory.
