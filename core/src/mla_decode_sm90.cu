@@ -26,17 +26,22 @@
 //    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
 //    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
 // Named barriers (both warpgroups, 256 threads; "arrive" = bar.arrive by
-// one side, bar.sync by the other):
+// one side, bar.sync by the other) and one mbarrier:
 //  - kBarKvFull (sync/sync): stage of tile t landed (every loader thread did
 //    cp.async.wait + fence.proxy.async) -> S(t).
 //  - kBarPFull (sync/sync): P(t), alpha(t) stored and fenced -> P V(t).
-//  - kBarPFree (WG1 arrives, WG0 syncs): WG1's P V(t) completed, so P and
-//    alpha may be overwritten by tile t+1.
+//  - PFree (a shared-memory mbarrier: WG1's 128 threads arrive on phase t,
+//    WG0 waits for it by parity): WG1's P V(t) completed and alpha(t) read,
+//    so P and alpha may be overwritten by tile t+1. An mbarrier and not a
+//    named barrier with bar.arrive because racecheck does not model
+//    bar.arrive: it reported hazards on this hand-off (and past the next
+//    __syncthreads) that bench/cuda/racecheck_arrive_probe.cu reproduces and
+//    that vanish with the mbarrier, at the same speed.
 //  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
 //    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
 // Per tile t, warpgroup 0: sync KvFull(t) (t > 0); issue S(t), commit;
 // wait_group 1 (P V(t-1) done) -> arrive KvEmpty (0 < t < n-1); wait_group 0
-// (S(t)); softmax; O *= alpha; sync PFree (t > 0); store P, alpha; fence;
+// (S(t)); softmax; O *= alpha; wait PFree(t-1) (t > 0); store P, alpha; fence;
 // sync PFull(t); issue P V(t) from registers, commit (waited for in the
 // next tile; P's registers stay untouched until then).
 // Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; issue P V(t),
@@ -74,7 +79,7 @@ constexpr int kStages = 2;
 constexpr int kLdRows = 16;  // token rows the 128 loader threads cover per pass (8 threads a row)
 constexpr int kLdPasses = kTok / kLdRows;
 // Named barrier ids (0 is __syncthreads).
-constexpr int kBarKvFull = 1, kBarKvEmpty = 2, kBarPFull = 3, kBarPFree = 4;
+constexpr int kBarKvFull = 1, kBarKvEmpty = 2, kBarPFull = 3;
 // shared memory, bytes from a 1024-aligned base (the swizzle pattern of every
 // operand must start on a 1024-byte boundary: descriptor base offset 0)
 constexpr int kOffQ = 0;
@@ -95,8 +100,7 @@ static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0,
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
 static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
 static_assert(kLdPasses * kLdRows == kTok, "the loader covers a tile in whole passes");
-static_assert(0 < kBarKvFull && kBarKvFull < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < kBarPFree &&
-                  kBarPFree < 16,
+static_assert(0 < kBarKvFull && kBarKvFull < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < 16,
               "distinct named barrier ids, none of them 0 (__syncthreads)");
 
 template <bool kBf16, class Idx>
@@ -115,9 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float* s_scale = reinterpret_cast<float*>(smem + kOffScale);
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
   unsigned char* s_valid = smem + kOffValid;
-#if !defined(MLACORE_RACECHECK_BARRIERS)
   const uint32_t s_pfree = s_base + kOffPFree;
-#endif
 
   // Lets the combine kernel launch once every CTA of this grid is resident;
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
@@ -243,9 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     cp_async_wait_all();  // Q
   }
   wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
-#if !defined(MLACORE_RACECHECK_BARRIERS)
   if (tid == 0) wg::mbar_init(s_pfree, kThreads / 2);  // published by the barrier below
-#endif
   wg::bar_sync(kBarKvFull, kThreads);
 
   if (g == 0) {
@@ -355,13 +355,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::acc_to_a<kBf16>(s, pk);
       // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
       // previous ones.
-      if (it > 0) {
-#if defined(MLACORE_RACECHECK_BARRIERS)
-        wg::bar_sync(kBarPFree, kThreads);
-#else
-        wg::mbar_wait(s_pfree, static_cast<uint32_t>((it - 1) & 1));  // phase it-1: P V(it-1) of warpgroup 1
-#endif
-      }
+      // Phase it-1 of PFree: warpgroup 1 is done with P(it-1) and alpha(it-1).
+      // It cannot be a phase further ahead (it arrives on phase it only after
+      // PFull(it), below), so the parity names the phase.
+      if (it > 0) wg::mbar_wait(s_pfree, static_cast<uint32_t>((it - 1) & 1));
 #pragma unroll
       for (int j = 0; j < kTok / 8; ++j) {
         const int tok = wg::acc_col(wtid, 4 * j);
@@ -434,16 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::wait<0>();
       wg::fence_regs(o);
       if (it + 1 < n_tiles) {
-#if defined(MLACORE_RACECHECK_BARRIERS)
-        // Racecheck build (-Dcuda_args=-DMLACORE_RACECHECK_BARRIERS, docs/RELIABILITY.md):
-        // bar.sync where the kernel arrives. compute-sanitizer's racecheck reports hazards
-        // after a bar.arrive hand-off even when it is correct (bench/cuda/
-        // racecheck_arrive_probe.cu), and models bar.sync; this waits for warpgroup 0's
-        // softmax before loading tile it+2, so it is slower, with the same results.
-        wg::bar_sync(kBarPFree, kThreads);
-#else
-        wg::mbar_arrive(s_pfree);  // done with P(it) (alpha(it) was read above): phase it
-#endif
+        // Done with P(it) and alpha(it) (read above): phase it of PFree.
+        wg::mbar_arrive(s_pfree);
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);
           // warpgroup 0 says when its S(it) and P V(it) are.
