@@ -61,7 +61,7 @@ for step in $STEPS; do
       # SAN_K passes pytest -k (racecheck adds "not concurrent", see san_one). A test still running SAN_TIMEOUT-60 s in dumps every thread's
       # stack (faulthandler_timeout): a hang shows where it waits, a slow test does not.
       tools="memcheck racecheck"; [ "$step" = sanitizer-all ] || tools=$(echo "${step#sanitizer-all:}" | tr ',' ' ')
-      san_dir="$OUT/sanitizer"; rm -rf "$san_dir"; mkdir -p "$san_dir"
+      san_dir="$OUT/sanitizer"; rm -rf "$san_dir" "$san_dir.progress.txt"; mkdir -p "$san_dir"
       san_one() {  # tool file [ids-file]: one sanitizer process; log and exit status in $san_dir
         local base="$san_dir/$(basename "$(basename "${3:-$2}" .ids)" .py).$1" targets=("$2")
         [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
@@ -76,6 +76,10 @@ for step in $STEPS; do
           python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( ${SAN_TIMEOUT:-420} - 60 )) \
           ${k:+-k "$k"} "${targets[@]}") > "$base.log" 2>&1
         echo $? > "$base.rc"
+        # One line per finished process, outside the directory the final tar takes: a call that
+        # ends before the step does still brings these back.
+        echo "$(basename "$base"): rc=$(cat "$base.rc") | $(grep -E "[0-9]+ (passed|failed)" "$base.log" | tail -1) |" \
+          "$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" | tail -1 | sed 's/^=* *//')" >> "$san_dir.progress.txt"
       }
       export -f san_one; export san_dir
       # The slowest files first, so they do not start in the last wave.
