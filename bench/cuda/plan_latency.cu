@@ -139,16 +139,20 @@ int main() {
     int32_t* sched = pinned + 4096;
     DLTensor pq = vec(host_in, &s1, false), pk = vec(host_in + (B + 1), &s1, false),
              pl = vec(host_in + 2 * (B + 1), &s0, false), pm = vec(sched, &sm, false);
+    // The three inputs' D2H copies: three cudaMemcpyAsync, or one cudaMemcpyBatchAsync.
+    auto inputs_d2h = [&](bool batched) {
+      if (!batched) {
+        for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+        return;
+      }
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t idx = 0;
+      CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
+    };
     auto exchange = [&](bool batched) {
       ++seq;
-      if (batched) {
-        cudaMemcpyAttributes attr{};
-        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t idx = 0;
-        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
-      } else {
-        for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
-      }
+      inputs_d2h(batched);
       CUstreamBatchMemOpParams ops[2] = {};
       ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
       ops[0].writeValue.address = ctl_dev;
@@ -186,14 +190,7 @@ int main() {
     // Copy-engine exchange without stream memory operations: the D2H copies, a stream
     // synchronization, the host schedule into pinned memory, one H2D copy (no kernel at all).
     auto copy_exchange = [&](bool batched) {
-      if (batched) {
-        cudaMemcpyAttributes attr{};
-        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t idx = 0;
-        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
-      } else {
-        for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
-      }
+      inputs_d2h(batched);
       CHECK(cudaStreamSynchronize(stream));
       MCHECK(mlacore_plan_build(host_plan, &pq, &pk, &pl, 64, 16, &pm, nullptr));
       CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream));
@@ -201,14 +198,11 @@ int main() {
     const double copy3 = us_per_call([&] { copy_exchange(false); });
     const double copyB = us_per_call([&] { copy_exchange(true); });
     const double bare3 = us_per_call([&] {
-      for (int i = 0; i < 3; ++i) CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+      inputs_d2h(false);
       CHECK(cudaStreamSynchronize(stream));
     });
     const double bareB = us_per_call([&] {
-      cudaMemcpyAttributes attr{};
-      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      size_t idx = 0;
-      CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, stream));
+      inputs_d2h(true);
       CHECK(cudaStreamSynchronize(stream));
     });
     auto drained = [&](auto&& f) {
