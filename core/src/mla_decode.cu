@@ -735,10 +735,13 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
     // kernel's tail instead of following it (a few us of a ~100 us decode).
     // Only when the combine that will run was compiled for sm_90+, so it
     // carries the griddepcontrol.wait that orders it after the decode.
-    cudaFuncAttributes attr{};
-    if (kCombinePdl)
+    // The image's binaryVersion is fixed for the process: asked once per device.
+    const int binary = !kCombinePdl ? 0 : gpu::once_per_device(p.device, [combine] {
+      cudaFuncAttributes attr{};
       gpu::check(cudaFuncGetAttributes(&attr, combine), "cudaFuncGetAttributes(mla_decode_combine_kernel)");
-    if (kCombinePdl && attr.binaryVersion >= 90) {
+      return attr.binaryVersion;
+    });
+    if (binary >= 90) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = grid;
       cfg.blockDim = dim3(kThreads);

@@ -517,14 +517,19 @@ bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
       gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
     return false;
   // The cubin the runtime picked for this device must be the sm_90 one
-  // (binaryVersion 90); no image at all reports an error, cleared here so
-  // the next launch check does not see it.
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (attr.binaryVersion != 90) return false;
+  // (binaryVersion 90): fixed for the process, so asked once per device. No
+  // image at all reports an error, cleared here so the next launch check
+  // does not see it, and asked again next time (-1 is not cached).
+  const int binary = gpu::once_per_device(p.device, [kernel] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return attr.binaryVersion;
+  });
+  if (binary != 90) return false;
+  // Not cached: the limit belongs to the context, which cudaDeviceReset replaces.
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
