@@ -1,0 +1,59 @@
+"""The wgmma decode kernel's barrier protocol, as bench/cuda/wgmma_barrier_model.py
+transcribes it (no GPU): the protocol holds for every tile count, and the model
+still rejects the mistakes it exists to catch, so a change to either that
+weakens it fails here."""
+
+import importlib.util
+import pathlib
+import random
+
+import pytest
+
+MODEL = pathlib.Path(__file__).resolve().parent.parent / "bench" / "cuda" / "wgmma_barrier_model.py"
+
+
+@pytest.fixture()
+def model():
+    if not MODEL.exists():
+        pytest.skip("bench/cuda is not next to the tests (installed tests only)")
+    spec = importlib.util.spec_from_file_location("wgmma_barrier_model", MODEL)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def _holds(m, seed, rounds=200):
+    rng = random.Random(seed)
+    for n in range(10):
+        for _ in range(rounds):
+            m.run(n, rng)
+
+
+def test_protocol_holds_for_every_tile_count(model):
+    _holds(model, seed=7)
+
+
+def _arrive_before_own_wait(seqs):
+    out = []
+    for op in seqs:
+        if op[0] == "marrive":  # PFree arrival moved before this warpgroup's P V(t) completes
+            out.insert(max(i for i, x in enumerate(out) if x == ("ev", "PV1_done", op[2])), op)
+        else:
+            out.append(op)
+    return out
+
+
+@pytest.mark.parametrize("broken", ["arrive_early", "wait_wrong_phase", "no_wait", "no_kvempty"])
+def test_model_rejects_broken_protocols(model, broken, monkeypatch):
+    wg0, wg1 = model.wg0, model.wg1
+    if broken == "arrive_early":
+        monkeypatch.setattr(model, "wg1", lambda n: _arrive_before_own_wait(wg1(n)))
+    elif broken == "wait_wrong_phase":
+        monkeypatch.setattr(model, "wg0", lambda n: [(k, b, t - 1 if k == "mwait" else t) for k, b, t in wg0(n)])
+    elif broken == "no_wait":
+        monkeypatch.setattr(model, "wg0", lambda n: [op for op in wg0(n) if op[0] != "mwait"])
+    else:  # warpgroup 1 refills a stage without waiting for warpgroup 0's S and P V of it
+        monkeypatch.setattr(model, "wg0", lambda n: [op for op in wg0(n) if op[1] != "KvEmpty"])
+        monkeypatch.setattr(model, "wg1", lambda n: [op for op in wg1(n) if op[1] != "KvEmpty"])
+    with pytest.raises((AssertionError, KeyError)):
+        _holds(model, seed=3, rounds=100)
