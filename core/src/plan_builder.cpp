@@ -141,11 +141,16 @@ void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
 // element once and divides nothing: ceil(len / page_size) == pages is tested
 // as (pages - 1) * page_size < len <= pages * page_size, exact in int64
 // because both factors are below 2^31 by the time it is evaluated.
+// `tiles` (2 * batch int32, the plan's own scratch, or null) receives each request's query tiles and
+// max(kv_tiles - 1, 0), the two numbers the candidate pass needs, so that
+// pass reads a compact array instead of recomputing them five times;
+// `tiles_fit` says whether every query-tile count fit int32 (kv tiles always
+// do: kv_len < 2^31), else the array is not to be used.
 template <class V>
-ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in) {
+ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, int32_t* tiles, bool& tiles_fit) {
   const int64_t B = in.batch, ps = in.page_size;
   ScheduleTotals t;
-  int64_t q0 = 0, p0 = 0;
+  int64_t q0 = 0, p0 = 0, max_q_tiles = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q1 = v.qo[b + 1], p1 = v.kv[b + 1], len = v.len[b];
     const int64_t pages = p1 - p0;
@@ -160,9 +165,15 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in) {
     r.q_tiles = q_tiles_of(r.qo_len, in.num_heads);
     r.kv_tiles = kv_tiles_of(len);
     t.add(r);
+    if (tiles != nullptr) {
+      tiles[2 * b] = static_cast<int32_t>(r.q_tiles);  // checked below before any use
+      tiles[2 * b + 1] = static_cast<int32_t>(r.kv_tiles > 0 ? r.kv_tiles - 1 : 0);
+    }
+    max_q_tiles = r.q_tiles > max_q_tiles ? r.q_tiles : max_q_tiles;
     q0 = q1;
     p0 = p1;
   }
+  tiles_fit = max_q_tiles <= kMaxInt32;
   return t;
 }
 
@@ -173,21 +184,47 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in) {
 // choice (the shared helpers), same placement order, same padding.
 template <class V>
 void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
-                       const ScheduleTotals& t, int32_t* meta) {
+                       const ScheduleTotals& t, const int32_t* tiles, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
   int64_t chunk = no_split;
   if (cb.balance < no_split) {
-    Divider by[kPlanCandidates];
-    for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, cb, no_split));
     CandidateCtas cand;
-    int64_t q0 = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t q1 = v.qo[b + 1];
-      const int64_t q_tiles = q_tiles_of(q1 - q0, in.num_heads), kv_tiles = kv_tiles_of(v.len[b]);
-      for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += q_tiles * by[i].splits(kv_tiles);
-      q0 = q1;
+    if (tiles != nullptr) {
+      // One pass per distinct candidate over the compact array: one divider
+      // and one sum in registers each (five of each at once spilled).
+      // A chunk of at least no_split tiles splits nothing (one item a
+      // request), and equal chunks give equal counts: neither needs a pass.
+      int64_t chunk_of[kPlanCandidates];
+      for (int i = 0; i < kPlanCandidates; ++i) {
+        chunk_of[i] = candidate_tiles(i, cb, no_split);
+        int same = -1;
+        for (int j = 0; j < i; ++j)
+          if (chunk_of[j] == chunk_of[i]) same = j;
+        if (same >= 0) {
+          cand.ctas[i] = cand.ctas[same];
+          continue;
+        }
+        int64_t ctas = 0;
+        if (chunk_of[i] >= no_split) {
+          for (int64_t b = 0; b < B; ++b) ctas += tiles[2 * b];
+        } else {
+          const Divider by(chunk_of[i]);
+          for (int64_t b = 0; b < B; ++b) ctas += tiles[2 * b] * (by.floor_div(tiles[2 * b + 1]) + 1);
+        }
+        cand.ctas[i] = ctas;
+      }
+    } else {
+      Divider by[kPlanCandidates];
+      for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, cb, no_split));
+      int64_t q0 = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t q1 = v.qo[b + 1];
+        const int64_t q_tiles = q_tiles_of(q1 - q0, in.num_heads), kv_tiles = kv_tiles_of(v.len[b]);
+        for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += q_tiles * by[i].splits(kv_tiles);
+        q0 = q1;
+      }
     }
     chunk = pick_chunk_tiles(cand, cb, no_split, in.num_sms);
   }
@@ -226,11 +263,12 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
 }
 
 // Validation, then (when meta is given) the schedule: the host build.
-void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta) {
+void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int32_t* tiles) {
   check_scalars(in, layout);
   with_vectors(in, [&](const auto& v) {
-    const ScheduleTotals t = scan_requests(v, in);
-    if (meta != nullptr) schedule_requests(v, in, layout, t, meta);
+    bool tiles_fit = false;
+    const ScheduleTotals t = scan_requests(v, in, meta != nullptr ? tiles : nullptr, tiles_fit);
+    if (meta != nullptr) schedule_requests(v, in, layout, t, tiles_fit ? tiles : nullptr, meta);
   });
 }
 
@@ -240,6 +278,7 @@ PlanBuilder::PlanBuilder(int64_t max_batch, int64_t max_work, int64_t num_sms)
     : layout_{max_batch, max_work}, num_sms_(num_sms) {
   if (num_sms < 1 || num_sms > 65536) value_error("num_sms: expected 1 <= num_sms <= 65536, got ", num_sms);
   check_capacity(max_batch, max_work);
+  tiles_.resize(static_cast<size_t>(2 * max_batch));
 }
 
 PlanBuilder::~PlanBuilder() {
@@ -305,7 +344,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   const Where meta_at = where_to_run(meta);
 
   if (inputs_at == Where::CPU && meta_at == Where::CPU) {
-    schedule_host(in, layout_, meta.ptr<int32_t>());
+    schedule_host(in, layout_, meta.ptr<int32_t>(), tiles_.data());
     record_info(meta.ptr<int32_t>());
     return;
   }
@@ -353,7 +392,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
       ++stats_.stream_syncs;
       plan_gpu::staging_wait(staging_);
       plan_gpu::wait_reader(staging_);
-      schedule_host(host_in, layout_, host_meta);
+      schedule_host(host_in, layout_, host_meta, tiles_.data());
       record_info(host_meta);
       plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
       ++stats_.host_to_device;
@@ -370,7 +409,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     // kDone flag); both return at once in the steady state.
     plan_gpu::staging_wait(staging_);
     plan_gpu::wait_reader(staging_);
-    schedule_host(host_in, layout_, host_meta);  // throws ValueError: the guard aborts the kernel
+    schedule_host(host_in, layout_, host_meta, tiles_.data());  // throws ValueError: the guard aborts the kernel
     exchange.publish();
     ++stats_.host_to_device;
     // The kernel only reads the region; the next write to it is the next build's.
@@ -381,7 +420,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   // region must be free of the previous upload and of the last exchange kernel.
   plan_gpu::staging_wait(staging_);
   plan_gpu::wait_reader(staging_);
-  schedule_host(in, layout_, host_meta);
+  schedule_host(in, layout_, host_meta, tiles_.data());
   record_info(host_meta);
   plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
   ++stats_.host_to_device;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "decode_schedule.h"
 #include "tensor.h"
@@ -448,6 +449,9 @@ class PlanBuilder {
   int64_t num_sms_;
   PlanInfo info_;
   PlanStats stats_;
+  // The host schedule's per-request tile counts (2 * max_batch), sized once:
+  // a rejected batch must leave the metadata untouched, so they cannot live there.
+  std::vector<int32_t> tiles_;
 #if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
   plan_gpu::Staging* staging_ = nullptr;
 #endif
