@@ -141,16 +141,14 @@ void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
 // element once and divides nothing: ceil(len / page_size) == pages is tested
 // as (pages - 1) * page_size < len <= pages * page_size, exact in int64
 // because both factors are below 2^31 by the time it is evaluated.
-// `tiles` (2 * batch int32, the plan's own scratch, or null) receives each request's query tiles and
-// max(kv_tiles - 1, 0), the two numbers the candidate pass needs, so that
-// pass reads a compact array instead of recomputing them five times;
-// `tiles_fit` says whether every query-tile count fit int32 (kv tiles always
-// do: kv_len < 2^31), else the array is not to be used.
+// `tiles` (batch entries, the plan's own scratch, or null) receives each
+// request's tile counts, so the candidate pass reads a compact array instead
+// of recomputing them from the inputs once per candidate.
 template <class V>
-ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, int32_t* tiles, bool& tiles_fit) {
+ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, RequestTiles* tiles) {
   const int64_t B = in.batch, ps = in.page_size;
   ScheduleTotals t;
-  int64_t q0 = 0, p0 = 0, max_q_tiles = 0;
+  int64_t q0 = 0, p0 = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q1 = v.qo[b + 1], p1 = v.kv[b + 1], len = v.len[b];
     const int64_t pages = p1 - p0;
@@ -165,15 +163,10 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, int3
     r.q_tiles = q_tiles_of(r.qo_len, in.num_heads);
     r.kv_tiles = kv_tiles_of(len);
     t.add(r);
-    if (tiles != nullptr) {
-      tiles[2 * b] = static_cast<int32_t>(r.q_tiles);  // checked below before any use
-      tiles[2 * b + 1] = static_cast<int32_t>(r.kv_tiles > 0 ? r.kv_tiles - 1 : 0);
-    }
-    max_q_tiles = r.q_tiles > max_q_tiles ? r.q_tiles : max_q_tiles;
+    if (tiles != nullptr) tiles[b] = RequestTiles{r.q_tiles, r.kv_tiles};
     q0 = q1;
     p0 = p1;
   }
-  tiles_fit = max_q_tiles <= kMaxInt32;
   return t;
 }
 
@@ -184,47 +177,35 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, int3
 // choice (the shared helpers), same placement order, same padding.
 template <class V>
 void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
-                       const ScheduleTotals& t, const int32_t* tiles, int32_t* meta) {
+                       const ScheduleTotals& t, const RequestTiles* tiles, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
   int64_t chunk = no_split;
   if (cb.balance < no_split) {
+    // One pass per distinct candidate over the scan's tile counts: one divider
+    // and one sum in registers each (five of each at once spilled). A chunk
+    // of at least no_split tiles splits nothing (one item a request), and
+    // equal chunks give equal counts: neither needs a pass.
     CandidateCtas cand;
-    if (tiles != nullptr) {
-      // One pass per distinct candidate over the compact array: one divider
-      // and one sum in registers each (five of each at once spilled).
-      // A chunk of at least no_split tiles splits nothing (one item a
-      // request), and equal chunks give equal counts: neither needs a pass.
-      int64_t chunk_of[kPlanCandidates];
-      for (int i = 0; i < kPlanCandidates; ++i) {
-        chunk_of[i] = candidate_tiles(i, cb, no_split);
-        int same = -1;
-        for (int j = 0; j < i; ++j)
-          if (chunk_of[j] == chunk_of[i]) same = j;
-        if (same >= 0) {
-          cand.ctas[i] = cand.ctas[same];
-          continue;
-        }
-        int64_t ctas = 0;
-        if (chunk_of[i] >= no_split) {
-          for (int64_t b = 0; b < B; ++b) ctas += tiles[2 * b];
-        } else {
-          const Divider by(chunk_of[i]);
-          for (int64_t b = 0; b < B; ++b) ctas += tiles[2 * b] * (by.floor_div(tiles[2 * b + 1]) + 1);
-        }
-        cand.ctas[i] = ctas;
+    int64_t chunk_of[kPlanCandidates];
+    for (int i = 0; i < kPlanCandidates; ++i) {
+      chunk_of[i] = candidate_tiles(i, cb, no_split);
+      int same = -1;
+      for (int j = 0; j < i; ++j)
+        if (chunk_of[j] == chunk_of[i]) same = j;
+      if (same >= 0) {
+        cand.ctas[i] = cand.ctas[same];
+        continue;
       }
-    } else {
-      Divider by[kPlanCandidates];
-      for (int i = 0; i < kPlanCandidates; ++i) by[i] = Divider(candidate_tiles(i, cb, no_split));
-      int64_t q0 = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t q1 = v.qo[b + 1];
-        const int64_t q_tiles = q_tiles_of(q1 - q0, in.num_heads), kv_tiles = kv_tiles_of(v.len[b]);
-        for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += q_tiles * by[i].splits(kv_tiles);
-        q0 = q1;
+      int64_t ctas = 0;
+      if (chunk_of[i] >= no_split) {
+        for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q;
+      } else {
+        const Divider by(chunk_of[i]);
+        for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q * by.splits(tiles[b].kv);
       }
+      cand.ctas[i] = ctas;
     }
     chunk = pick_chunk_tiles(cand, cb, no_split, in.num_sms);
   }
@@ -263,12 +244,11 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
 }
 
 // Validation, then (when meta is given) the schedule: the host build.
-void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int32_t* tiles) {
+void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, RequestTiles* tiles) {
   check_scalars(in, layout);
   with_vectors(in, [&](const auto& v) {
-    bool tiles_fit = false;
-    const ScheduleTotals t = scan_requests(v, in, meta != nullptr ? tiles : nullptr, tiles_fit);
-    if (meta != nullptr) schedule_requests(v, in, layout, t, tiles_fit ? tiles : nullptr, meta);
+    const ScheduleTotals t = scan_requests(v, in, meta != nullptr ? tiles : nullptr);
+    if (meta != nullptr) schedule_requests(v, in, layout, t, tiles, meta);
   });
 }
 
@@ -278,7 +258,7 @@ PlanBuilder::PlanBuilder(int64_t max_batch, int64_t max_work, int64_t num_sms)
     : layout_{max_batch, max_work}, num_sms_(num_sms) {
   if (num_sms < 1 || num_sms > 65536) value_error("num_sms: expected 1 <= num_sms <= 65536, got ", num_sms);
   check_capacity(max_batch, max_work);
-  tiles_.resize(static_cast<size_t>(2 * max_batch));
+  tiles_.resize(static_cast<size_t>(max_batch));
 }
 
 PlanBuilder::~PlanBuilder() {

@@ -222,6 +222,12 @@ MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, const ChunkBounds
   return best;
 }
 
+// A request's query and KV tile counts, as the host schedule's scan leaves
+// them for its candidate pass.
+struct RequestTiles {
+  int64_t q, kv;
+};
+
 // The schedule header (decode_schedule.h), written the same way by the host
 // path and by the kernel, which must agree bit for bit.
 MLACORE_HD void write_header(int32_t* meta, int64_t num_work, int64_t num_partials, int64_t batch,
@@ -449,9 +455,9 @@ class PlanBuilder {
   int64_t num_sms_;
   PlanInfo info_;
   PlanStats stats_;
-  // The host schedule's per-request tile counts (2 * max_batch), sized once:
-  // a rejected batch must leave the metadata untouched, so they cannot live there.
-  std::vector<int32_t> tiles_;
+  // The host schedule's per-request tile counts (max_batch), sized once: a
+  // rejected batch must leave the metadata untouched, so they cannot live there.
+  std::vector<RequestTiles> tiles_;
 #if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
   plan_gpu::Staging* staging_ = nullptr;
 #endif
