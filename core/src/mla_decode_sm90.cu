@@ -87,7 +87,7 @@ constexpr int kOffKv = kOffQ + kTileBytes;
 constexpr int kOffP = kOffKv + kStages * kTileBytes;
 constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of the current tile
 constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
-constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok]
+constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok], 0 or 1
 constexpr int kOffPFree = kOffValid + kStages * kTok;  // uint64: the PFree mbarrier
 constexpr int kSmemUsed = kOffPFree + 8;
 // The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
@@ -96,6 +96,7 @@ constexpr int kSmem = kSmemUsed + 1024;
 static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per block (227 KB)");
 static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles (4 k-steps of P V)");
 static_assert(kOffPFree % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(kOffValid % 16 == 0 && kTok % 16 == 0, "a stage's valid flags are whole 16-byte vectors");
 static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms on 1 KB");
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
 static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
@@ -306,17 +307,34 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
       }
       float mx[2] = {m_run[0], m_run[1]};
+      // Steady state: every token of the tile has a valid page and is visible
+      // to both rows, so nothing is masked. The 64 valid flags (0 or 1 bytes)
+      // are four 16-byte broadcast loads; their AND is 0x01010101 only when all
+      // are 1. The fast path computes what the masked one would for such a
+      // tile, bit for bit, without its 8 flag loads and 32 compares a thread.
+      const uint4* flags = reinterpret_cast<const uint4*>(valid);
+      const uint4 f0 = flags[0], f1 = flags[1], f2 = flags[2], f3 = flags[3];
+      const uint32_t all_valid = f0.x & f0.y & f0.z & f0.w & f1.x & f1.y & f1.z & f1.w & f2.x & f2.y & f2.z &
+                                 f2.w & f3.x & f3.y & f3.z & f3.w;
+      if (__all_sync(0xffffffffu, all_valid == 0x01010101u && lim[0] == kTok && lim[1] == kTok)) {
 #pragma unroll
-      for (int j = 0; j < kTok / 8; ++j) {
-        const int col0 = wg::acc_col(wtid, 4 * j);
-        const uint32_t v2 = *reinterpret_cast<const uint16_t*>(valid + col0);
+        for (int e = 0; e < kTok / 2; ++e) {
+          s[e] *= p.scale_log2;
+          mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+        }
+      } else {
 #pragma unroll
-        for (int e = 4 * j; e < 4 * j + 4; ++e) {
-          const int col = col0 + (e & 1);
-          const int i = (e >> 1) & 1;
-          const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
-          s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
-          mx[i] = fmaxf(mx[i], s[e]);
+        for (int j = 0; j < kTok / 8; ++j) {
+          const int col0 = wg::acc_col(wtid, 4 * j);
+          const uint32_t v2 = *reinterpret_cast<const uint16_t*>(valid + col0);
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            const int col = col0 + (e & 1);
+            const int i = (e >> 1) & 1;
+            const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
+            s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s[e]);
+          }
         }
       }
       // A row that has seen nothing valid keeps m = -inf; exponentiate it
