@@ -67,7 +67,7 @@ for step in $STEPS; do
         [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
         # Racecheck itself stalls, now and then, when several host threads launch at once
         # (bench/cuda/racecheck_threads_probe.cu, no mlacore involved): the threaded tests
-        # ("concurrent" in their names) run under memcheck only; their kernels are
+        # ("concurrent" in their names or marks) run under memcheck only; their kernels are
         # racechecked by the single-threaded tests.
         local k="${SAN_K:-}"
         [ "$1" = racecheck ] && k="${k:+($k) and }not concurrent"
