@@ -34,6 +34,26 @@ def host_us_per_call(fn, calls=2000, rounds=7, drain=None, burst=64):
     return statistics.median(per_round)
 
 
+
+def host_us_paired(fns, calls=2000, rounds=7):
+    """host_us_per_call for several callables whose ratio is the point, timed in
+    alternation: each round times every fn once (the order rotating by round),
+    so drift of the machine between rounds (clocks, the GPU's idle state) hits
+    all of them alike. Returns one median per fn, in microseconds."""
+    for fn in fns:
+        for _ in range(min(calls, 200)):
+            fn()
+    per_fn = [[] for _ in fns]
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (k + r) % len(fns)
+            fn = fns[i]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_fn[i].append((time.perf_counter() - t0) / calls * 1e6)
+    return [statistics.median(v) for v in per_fn]
+
 class L2Flush:
     """Writes a buffer larger than the L2 so the next kernel starts cold."""
 
