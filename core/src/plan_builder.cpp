@@ -216,7 +216,20 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
   int32_t* split_indptr = meta + layout.split_indptr();
   WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
   int64_t num_work = 0, num_partials = 0, p0 = 0;
-  for (int64_t b = 0; b < B; ++b) {
+  if (chunk >= no_split) {
+    // No request has more tiles than the chunk: one item each (an empty one
+    // too), no partials. Large decode batches land here, where the loop below
+    // would spend a multiply-high and a branchy inner loop on every request.
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t p1 = v.kv[b + 1], len = v.len[b];
+      last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
+      split_indptr[b] = 0;
+      work[b] = WorkItem{static_cast<int32_t>(b), 0, static_cast<int32_t>(len), -1};
+      p0 = p1;
+    }
+    num_work = B;  // B <= max_batch <= max_work
+  }
+  for (int64_t b = num_work; b < B; ++b) {
     const int64_t p1 = v.kv[b + 1], len = v.len[b];
     const int64_t n = by_chunk.splits(kv_tiles_of(len));
     last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
