@@ -536,16 +536,8 @@ bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
     return false;
   // The cubin the runtime picked for this device must be the sm_90 one
   // (binaryVersion 90): fixed for the process, so asked once per device. No
-  // image at all reports an error, cleared here so the next launch check
-  // does not see it, and asked again next time (-1 is not cached).
-  const int binary = gpu::once_per_device(p.device, [kernel] {
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    return attr.binaryVersion;
-  });
+  // image at all (-1) is asked again next time (negative answers are not cached).
+  const int binary = gpu::once_per_device(p.device, [kernel] { return gpu::binary_version(kernel); });
   if (binary != 90) return false;
   // Not cached: the limit belongs to the context, which cudaDeviceReset replaces.
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),

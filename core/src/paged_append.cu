@@ -739,16 +739,10 @@ bool classic_forced() {
 
 // Whether the cubin the runtime picked for the current device holds sm_90+
 // code for `kernel` (the fast kernels' bodies are compiled for sm_90+ only:
-// what was measured); no image at all reports an error, cleared here so the
-// next launch check does not see it.
+// what was measured); no image at all counts as none.
 template <class Kernel>
 bool has_sm90_code(Kernel kernel) {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attr.binaryVersion >= 90;
+  return gpu::binary_version(kernel) >= 90;
 }
 
 // Blocks of the warp kernel resident per SM on `device` (current), asked once

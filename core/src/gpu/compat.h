@@ -124,6 +124,21 @@ int device_attribute(int device) {
   });
 }
 
+#if defined(MLACORE_GPU_CUDA)
+// The binaryVersion of the image the runtime picked for `kernel` on the
+// current device (90: sm_90 code), or -1 when there is none; that error is
+// cleared here so the next launch check does not see it.
+template <class Kernel>
+int binary_version(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return attr.binaryVersion;
+}
+#endif
+
 inline unsigned blocks_for(int64_t work, int threads, int64_t cap = 65535LL * 32) {
   int64_t b = (work + threads - 1) / threads;
   if (b < 1) b = 1;
