@@ -14,28 +14,10 @@ def host_us_per_call(fn, calls=2000, rounds=7, drain=None, burst=64):
     calls and drains the device between bursts, untimed: a kernel that runs
     longer than its launch takes would otherwise fill the launch queue and
     make the host wait, timing the device instead of the call."""
-    for _ in range(min(calls, 200)):
-        fn()
-    if drain is not None:
-        drain()
-    per_round = []
-    for _ in range(rounds):
-        spent, done = 0.0, 0
-        while done < calls:
-            n = min(burst if drain is not None else calls, calls - done)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            spent += time.perf_counter() - t0
-            done += n
-            if drain is not None:
-                drain()
-        per_round.append(spent / calls * 1e6)
-    return statistics.median(per_round)
+    return host_us_paired([fn], calls, rounds, drain, burst)[0]
 
 
-
-def host_us_paired(fns, calls=2000, rounds=7):
+def host_us_paired(fns, calls=2000, rounds=7, drain=None, burst=64):
     """host_us_per_call for several callables whose ratio is the point, timed in
     alternation: each round times every fn once (the order rotating by round),
     so drift of the machine between rounds (clocks, the GPU's idle state) hits
@@ -43,16 +25,30 @@ def host_us_paired(fns, calls=2000, rounds=7):
     for fn in fns:
         for _ in range(min(calls, 200)):
             fn()
+    if drain is not None:
+        drain()
     per_fn = [[] for _ in fns]
     for r in range(rounds):
         for k in range(len(fns)):
             i = (k + r) % len(fns)
-            fn = fns[i]
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_fn[i].append((time.perf_counter() - t0) / calls * 1e6)
+            per_fn[i].append(_round_us(fns[i], calls, drain, burst))
     return [statistics.median(v) for v in per_fn]
+
+
+def _round_us(fn, calls, drain, burst):
+    """Mean host time of one call over `calls` calls (bursts of `burst` with `drain`)."""
+    spent, done = 0.0, 0
+    while done < calls:
+        n = min(burst if drain is not None else calls, calls - done)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        spent += time.perf_counter() - t0
+        done += n
+        if drain is not None:
+            drain()
+    return spent / calls * 1e6
+
 
 class L2Flush:
     """Writes a buffer larger than the L2 so the next kernel starts cold."""
