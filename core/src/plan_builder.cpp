@@ -210,7 +210,6 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
     chunk = pick_chunk_tiles(cand, cb, no_split, in.num_sms);
   }
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
-  const Divider by_chunk(chunk);
 
   int32_t* last_page_len = meta + layout.last_page_len();
   int32_t* split_indptr = meta + layout.split_indptr();
@@ -218,8 +217,8 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
   int64_t num_work = 0, num_partials = 0, p0 = 0;
   if (chunk >= no_split) {
     // No request has more tiles than the chunk: one item each (an empty one
-    // too), no partials. Large decode batches land here, where the loop below
-    // would spend a multiply-high and a branchy inner loop on every request.
+    // too), no partials. Large decode batches land here, where the general
+    // placement would spend a multiply-high and a branchy inner loop on every request.
     for (int64_t b = 0; b < B; ++b) {
       const int64_t p1 = v.kv[b + 1], len = v.len[b];
       last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
@@ -228,25 +227,27 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
       p0 = p1;
     }
     num_work = B;  // B <= max_batch <= max_work
-  }
-  for (int64_t b = num_work; b < B; ++b) {
-    const int64_t p1 = v.kv[b + 1], len = v.len[b];
-    const int64_t n = by_chunk.splits(kv_tiles_of(len));
-    last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
-    split_indptr[b] = static_cast<int32_t>(num_partials);
-    const int32_t partial0 = n > 1 ? static_cast<int32_t>(num_partials) : -1;
-    // Bounded like build_schedule(): a broken invariant loses work instead of
-    // writing past the buffer.
-    const int64_t fit = layout.max_work - num_work < n ? layout.max_work - num_work : n;
-    for (int64_t i = 0; i < fit; ++i) {
-      const int64_t begin = i * chunk_tokens;
-      const int64_t end = begin + chunk_tokens < len ? begin + chunk_tokens : len;
-      work[num_work + i] = WorkItem{static_cast<int32_t>(b), static_cast<int32_t>(begin),
-                                    static_cast<int32_t>(end), n > 1 ? partial0 + static_cast<int32_t>(i) : -1};
+  } else {
+    const Divider by_chunk(chunk);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t p1 = v.kv[b + 1], len = v.len[b];
+      const int64_t n = by_chunk.splits(kv_tiles_of(len));
+      last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
+      split_indptr[b] = static_cast<int32_t>(num_partials);
+      const int32_t partial0 = n > 1 ? static_cast<int32_t>(num_partials) : -1;
+      // Bounded like build_schedule(): a broken invariant loses work instead of
+      // writing past the buffer.
+      const int64_t fit = layout.max_work - num_work < n ? layout.max_work - num_work : n;
+      for (int64_t i = 0; i < fit; ++i) {
+        const int64_t begin = i * chunk_tokens;
+        const int64_t end = begin + chunk_tokens < len ? begin + chunk_tokens : len;
+        work[num_work + i] = WorkItem{static_cast<int32_t>(b), static_cast<int32_t>(begin),
+                                      static_cast<int32_t>(end), n > 1 ? partial0 + static_cast<int32_t>(i) : -1};
+      }
+      num_work += n;
+      num_partials += n > 1 ? n : 0;
+      p0 = p1;
     }
-    num_work += n;
-    num_partials += n > 1 ? n : 0;
-    p0 = p1;
   }
 
   for (int64_t b = B; b < layout.max_batch; ++b) last_page_len[b] = 0;
