@@ -1460,7 +1460,8 @@ void fuzz_decode(Rng& r, Counter& c) {
   std::vector<std::shared_ptr<Buf>> bufs = {iq.buf, ik.buf, il.buf, ii.buf, tm.buf};
   auto fill_val = [&](Tensor& t, int64_t b) {
     const uint16_t v = float_to_half_bits(float(r.range(-1000, 1000)) / 1000.f, bf16);
-    std::memcpy(&t.buf->bytes[size_t(b)], &v, 2);
+    // A dtype defect may have made the elements 1 byte wide: never write past one.
+    std::memcpy(&t.buf->bytes[size_t(b)], &v, size_t(std::min<int64_t>(2, t.isz)));
   };
   Tensor tqn = make(qn, r, fill_val), tqp = make(qp, r, fill_val);
   Tensor tc, tk;
