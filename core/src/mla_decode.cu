@@ -596,11 +596,11 @@ constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;
 
 template <bool kBf16, class Idx>
 __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const DecodeParams<Idx> p) {
-#if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the decode kernel (sm_90+): wait
-  // for its writes here, after this kernel's launch has overlapped its tail.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  // Launched as a programmatic dependent of the decode kernel (sm_90+), this
+  // block may start while the decode still runs: everything up to the wait
+  // below reads only what was complete before the decode began (the plan's
+  // metadata, the index tensors), so those dependent loads overlap the
+  // decode's tail instead of following it.
   const int64_t b = blockIdx.x;
   const int32_t* md = p.metadata;
   int64_t batch = md[kHdrBatch];
@@ -620,6 +620,11 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   const int64_t row = static_cast<int64_t>(blockIdx.y) * kCombineRows + threadIdx.x / kCombineThreadsPerRow;
   const bool merge = last > first;
   if (row >= rows || (merge && row >= rows_cap) || (!merge && kv_len > 0)) return;
+#if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The decode kernel's partials (and, for an empty request, its zeros) are
+  // complete and visible after this.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   // Partials outside the workspace (a schedule bug) are skipped, never read.
   // One pass, kCombineGroup partials (LSE and float4 each) loaded together
