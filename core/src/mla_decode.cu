@@ -132,13 +132,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const ItemView item = read_item(p, blockIdx.x);
-  if (!item.ok) return;
   const int H = p.num_heads;
-  const int64_t rows = item.qo_len * H;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * C::kRows;
-  if (row0 >= rows) return;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  const CtaCoord cta = cta_coord(decode_query_tiles(rows_cap, C::kRows));
+  const ItemView item = read_item(p, cta.item);
+  if (!item.ok) return;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row0 = cta.tile * C::kRows;
+  if (row0 >= rows) return;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rg = warp / C::kColSplit, cs = warp % C::kColSplit;
@@ -701,11 +702,15 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
   if (p.max_work > 0x7fffffff) runtime_error("mla_decode: max_work ", p.max_work, " exceeds the grid limit");
 #if defined(MLACORE_GPU_CUDA)
   if (!portable) {
+    // The tiled kernels' grid: max_work * query tiles blocks along x
+    // (cta_coord), at most that many for the 16-row tiles.
+    if (decode_query_tiles(rows_cap, 16) > 0x7fffffff / (p.max_work > 0 ? p.max_work : 1))
+      runtime_error("mla_decode: ", p.max_work, " work items x ", rows_cap, " query rows exceed the grid limit");
     const int smem_optin = gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device);
     auto run = [&](auto kernel, int rows_per_cta, int smem) {
       gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "cudaFuncSetAttribute(mla_decode_mma_kernel)");
-      const dim3 grid(static_cast<unsigned>(p.max_work), static_cast<unsigned>((rows_cap + rows_per_cta - 1) / rows_per_cta));
+      const dim3 grid(static_cast<unsigned>(p.max_work * decode_query_tiles(rows_cap, rows_per_cta)));
       kernel<<<grid, kThreads, smem, stream>>>(p);
       gpu::check_launch("mla_decode_mma_kernel");
     };

@@ -47,6 +47,24 @@ __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
   return v;
 }
 
+// The tiled decode kernels (mma.sync, wgmma) run a one-dimensional grid,
+// work item-major: block w * tiles + y is query tile y of work item w. The
+// tiles of an item, which read the same KV rows, start side by side (the
+// second reader finds them in L2), and every real item's CTAs are scheduled
+// before those of the padding items past num_work, which exit at once.
+// (With items along x and tiles along y, tile 1 of every item waited behind
+// all the padding items of tile 0.)
+struct CtaCoord {
+  int64_t item, tile;
+};
+__device__ __forceinline__ CtaCoord cta_coord(int64_t tiles) {
+  const int64_t x = blockIdx.x;
+  return CtaCoord{x / tiles, x % tiles};
+}
+MLACORE_HD int64_t decode_query_tiles(int64_t rows_cap, int64_t rows_per_cta) {
+  return (rows_cap + rows_per_cta - 1) / rows_per_cta;
+}
+
 // A page-table lookup issued early: the raw index is loaded one tile before
 // its cp.async needs it, so the dependent global load (every token is its
 // own page at page size 1) is off the critical path; it is range-checked

@@ -125,13 +125,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Lets the combine kernel launch once every CTA of this grid is resident;
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  const ItemView item = read_item(p, blockIdx.x);
-  if (!item.ok) return;
   const int H = p.num_heads;
-  const int64_t rows = item.qo_len * H;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows;
-  if (row0 >= rows) return;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  const CtaCoord cta = cta_coord(decode_query_tiles(rows_cap, kRows));
+  const ItemView item = read_item(p, cta.item);
+  if (!item.ok) return;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row0 = cta.tile * kRows;
+  if (row0 >= rows) return;
 
   const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
 
@@ -543,7 +544,7 @@ bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
-  const dim3 grid(static_cast<unsigned>(p.max_work), static_cast<unsigned>((rows_cap + kRows - 1) / kRows));
+  const dim3 grid(static_cast<unsigned>(p.max_work * decode_query_tiles(rows_cap, kRows)));  // checked by the caller
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
   gpu::check_launch("mla_decode_wgmma_kernel");
   return true;
