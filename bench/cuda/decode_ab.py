@@ -10,26 +10,20 @@ call, as `python -m mlacore bench --mode attn` does).
 """
 
 import sys
+from types import SimpleNamespace
 
 import torch
 
+from bench import Context
 from bench._mla import DecodeCase, flashinfer_runner, flops, timer
 
 SHAPES = [(8, 32768), (32, 8192), (32, 32768)]
 HEADS = 128
 
 
-class _Ctx:
-    device = torch.device("cuda")
-    gpu = True
-    full = True
-    separate = False
-    repeats = 0
-
-
 def main():
     label = sys.argv[1] if len(sys.argv) > 1 else "run"
-    ctx = _Ctx()
+    ctx = Context(SimpleNamespace(device="cuda", size="full", separate=False, repeats=0))
     measure = timer(ctx, int(sys.argv[2]) if len(sys.argv) > 2 else 30)
     for batch, kv in SHAPES:
         for page_size in (1, 64):

@@ -11,9 +11,11 @@ part of a CTA (intercept): the kernel time at 2L minus the time at L is L's tile
 
 import sys
 from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 
+from bench import Context
 from bench._mla import DecodeCase, timer
 from bench._timing import L2Flush
 
@@ -21,17 +23,9 @@ HEADS = 128
 SHAPES = [(8, 8192), (8, 16384), (8, 32768), (8, 65536), (32, 8192), (32, 32768)]
 
 
-class _Ctx:
-    device = torch.device("cuda")
-    gpu = True
-    full = True
-    separate = False
-    repeats = 0
-
-
 def main():
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    ctx = _Ctx()
+    ctx = Context(SimpleNamespace(device="cuda", size="full", separate=False, repeats=0))
     measure = timer(ctx, repeats)
     flush = L2Flush(ctx.device)
     for batch, kv in SHAPES:
