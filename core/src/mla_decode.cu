@@ -702,16 +702,11 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
   if (p.max_work > 0x7fffffff) runtime_error("mla_decode: max_work ", p.max_work, " exceeds the grid limit");
 #if defined(MLACORE_GPU_CUDA)
   if (!portable) {
-    // The tiled kernels' grid: max_work * query tiles blocks along x
-    // (cta_coord), at most that many for the 16-row tiles.
-    if (decode_query_tiles(rows_cap, 16) > 0x7fffffff / (p.max_work > 0 ? p.max_work : 1))
-      runtime_error("mla_decode: ", p.max_work, " work items x ", rows_cap, " query rows exceed the grid limit");
     const int smem_optin = gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device);
     auto run = [&](auto kernel, int rows_per_cta, int smem) {
       gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "cudaFuncSetAttribute(mla_decode_mma_kernel)");
-      const dim3 grid(static_cast<unsigned>(p.max_work * decode_query_tiles(rows_cap, rows_per_cta)));
-      kernel<<<grid, kThreads, smem, stream>>>(p);
+      kernel<<<decode_tiled_grid(p.max_work, rows_cap, rows_per_cta), kThreads, smem, stream>>>(p);
       gpu::check_launch("mla_decode_mma_kernel");
     };
     // Up to 16 query rows per request (heads=16 decode): one 16-row group, so

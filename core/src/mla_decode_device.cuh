@@ -64,6 +64,14 @@ __device__ __forceinline__ CtaCoord cta_coord(int64_t tiles) {
 MLACORE_HD int64_t decode_query_tiles(int64_t rows_cap, int64_t rows_per_cta) {
   return (rows_cap + rows_per_cta - 1) / rows_per_cta;
 }
+// The launch side of cta_coord: max_work * tiles blocks along x, which must
+// stay within the grid's 2^31 - 1.
+inline dim3 decode_tiled_grid(int64_t max_work, int64_t rows_cap, int64_t rows_per_cta) {
+  const int64_t tiles = decode_query_tiles(rows_cap, rows_per_cta);
+  if (max_work < 1 || tiles > 0x7fffffff / max_work)
+    runtime_error("mla_decode: ", max_work, " work items x ", tiles, " query tiles exceed the grid limit");
+  return dim3(static_cast<unsigned>(max_work * tiles));
+}
 
 // A page-table lookup issued early: the raw index is loaded one tile before
 // its cp.async needs it, so the dependent global load (every token is its

@@ -544,8 +544,7 @@ bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
-  const dim3 grid(static_cast<unsigned>(p.max_work * decode_query_tiles(rows_cap, kRows)));  // checked by the caller
-  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  kernel<<<decode_tiled_grid(p.max_work, rows_cap, kRows), kThreads, kSmem, stream>>>(p);
   gpu::check_launch("mla_decode_wgmma_kernel");
   return true;
 }
