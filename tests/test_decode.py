@@ -425,6 +425,30 @@ def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
     print(f"peaked h={heads} page={page_size} chunk={chunk}: max err {err:.3e}")
 
 
+@requires_cuda
+@pytest.mark.parametrize("batch", [8, 16, 32])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_gpu_combine_rows_per_thread(batch, chunk):
+    # At 128 heads the combine gives each thread 1, 2 or 4 rows of a request (batch 8, 16, 32) and
+    # loads 8, 4 or 2 partials of each per round: ragged lengths and a forced 64-token chunk (up
+    # to 40 partials a request) take every row count through several rounds and a remainder.
+    kv_lens = [(37 * i * i + 11 * i) % 2600 for i in range(batch)]
+    d = make_batch(kv_lens, [1] * batch, 64, 128, torch.bfloat16, "cuda", seed=batch)
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
+    if chunk is None:
+        (out, lse), scale = run_wrapper(d, causal=False, sm_scale=0.1)
+    else:
+        scale = 0.1
+        md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 64, 128, chunk_tokens=chunk)
+        ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, 128), dtype=torch.uint8, device="cuda")
+        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
+                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, 64, scale, False,
+                            False)
+    torch.cuda.synchronize()
+    check(d, out, lse, scale, False, atol=2e-2, lse_atol=2e-2, what=f"combine batch={batch} chunk={chunk}")
+
+
 BENCH_SHAPES = [(8, 32768, 16, 1), (8, 32768, 16, 64), (32, 8192, 16, 1), (32, 8192, 16, 64),
                 (32, 32768, 16, 64), (8, 4096, 128, 64), (32, 8192, 128, 1)]
 

@@ -581,27 +581,41 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
 
 // ---------------------------------------------------------------------------
 // Combine: 128 threads per query row of a split request, each owning 4 of
-// the 512 columns (one float4 per partial, 2 KB coalesced per row), loads of
-// kCombineGroup partials in flight at a time: a b=8 batch has only 8 * 16
-// rows, and the old 32 lanes per row walked 16 partials one latency at a time.
+// the 512 columns (one float4 per partial, 2 KB coalesced per row), and
+// kCombineLoads partial loads in flight per thread at a time: a b=8 batch has
+// only 8 * 16 rows, and the old 32 lanes per row walked 16 partials one
+// latency at a time. A large batch (many rows, few partials each) gives each
+// thread kRowsPerThread rows of one request instead of one: at b=32 x 128
+// heads one row a thread took 2048 blocks, two waves behind the decode's
+// last CTAs, where 512 blocks holding the same loads in flight fit in one.
 // Requests without partials are left alone, except those with no KV, whose
 // zeros and -inf LSE are written here as well as by their (empty) work item,
 // so a schedule that gives them no item still produces defined output.
 constexpr int kCombineThreadsPerRow = kCkvDim / 4;
-// Partials whose loads are in flight together (per thread: 8 float4 + 8 LSE).
-constexpr int kCombineGroup = 8;
+// (partial, row) loads in flight together per thread: a float4 and an LSE each.
+constexpr int kCombineLoads = 8;
 // Launch the combine as a programmatic dependent of the decode kernel on
 // sm_90+ (see launch_typed); false falls back to a plain stream-ordered launch.
 constexpr bool kCombinePdl = true;
-constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;
+constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;  // rows of a block per row a thread
 
-template <bool kBf16, class Idx>
+// Rows a combine thread merges: the fewest that keep the grid within about
+// one wave of resident blocks (132 SMs x 8 blocks on an H100/H200).
+int combine_rows_per_thread(int64_t batch, int64_t rows_cap) {
+  const int64_t rows = batch * rows_cap;
+  return rows >= 4096 ? 4 : rows >= 2048 ? 2 : 1;
+}
+
+template <bool kBf16, int kRowsPerThread, class Idx>
 __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const DecodeParams<Idx> p) {
   // Launched as a programmatic dependent of the decode kernel (sm_90+), this
   // block may start while the decode still runs: everything up to the wait
   // below reads only what was complete before the decode began (the plan's
   // metadata, the index tensors), so those dependent loads overlap the
   // decode's tail instead of following it.
+  constexpr int R = kRowsPerThread;
+  constexpr int kGroup = kCombineLoads / R;  // partials of each row per round
+  static_assert(kGroup * R == kCombineLoads, "rows a thread divide the loads in flight");
   const int64_t b = blockIdx.x;
   const int32_t* md = p.metadata;
   int64_t batch = md[kHdrBatch];
@@ -618,9 +632,13 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   const int64_t rows = (qo_end - qo_begin) * H;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
   const int col = threadIdx.x % kCombineThreadsPerRow;
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * kCombineRows + threadIdx.x / kCombineThreadsPerRow;
+  // Row r of this thread: the block's rows are R slabs of kCombineRows, so
+  // each load instruction still covers whole 2 KB rows.
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * (kCombineRows * R) + threadIdx.x / kCombineThreadsPerRow;
   const bool merge = last > first;
-  if (row >= rows || (merge && row >= rows_cap) || (!merge && kv_len > 0)) return;
+  if (!merge && kv_len > 0) return;  // the decode wrote this request directly
+  const int64_t row_end = merge && rows_cap < rows ? rows_cap : rows;
+  if (row0 >= row_end) return;  // so is every later row of this thread
 #if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The decode kernel's partials (and, for an empty request, its zeros) are
   // complete and visible after this.
@@ -628,59 +646,78 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
 #endif
 
   // Partials outside the workspace (a schedule bug) are skipped, never read.
-  // One pass, kCombineGroup partials (LSE and float4 each) loaded together
-  // and merged into a running maximum: one memory latency per group, where a
-  // pass for the maximum and another for the sum cost one per partial plus
-  // one per four (ncu, b=8 x 8 partials: 11 us at 1.3 TB/s).
+  // One pass, kGroup partials of each of the R rows (LSE and float4 each)
+  // loaded together and merged into running maxima: one memory latency per
+  // round, where a pass for the maximum and another for the sum cost one per
+  // partial plus one per four (ncu, b=8 x 8 partials: 11 us at 1.3 TB/s).
   const int64_t lo = first > 0 ? first : 0, hi = last < p.max_partials ? last : p.max_partials;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  float mx = -INFINITY, wsum = 0.f;
+  float4 acc[R];
+  float mx[R], wsum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+    mx[r] = -INFINITY;
+    wsum[r] = 0.f;
+  }
   if (merge) {
-    for (int64_t i0 = lo; i0 < hi; i0 += kCombineGroup) {
-      float l[kCombineGroup];
-      float4 v[kCombineGroup];
+    for (int64_t i0 = lo; i0 < hi; i0 += kGroup) {
+      float l[R][kGroup];
+      float4 v[R][kGroup];
 #pragma unroll
-      for (int k = 0; k < kCombineGroup; ++k) {
-        const int64_t i = i0 + k;
-        const bool in = i < hi;
-        l[k] = in ? p.partial_lse[i * rows_cap + row] : -INFINITY;
-        v[k] = in ? reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim)[col]
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = row0 + r * kCombineRows;
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int64_t i = i0 + k;
+          const bool in = i < hi && row < row_end;
+          l[r][k] = in ? p.partial_lse[i * rows_cap + row] : -INFINITY;
+          v[r][k] = in ? reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim)[col]
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       }
-      float gm = mx;
 #pragma unroll
-      for (int k = 0; k < kCombineGroup; ++k) gm = fmaxf(gm, l[k]);
-      if (gm == -INFINITY) continue;  // nothing but empty partials so far
-      const float rescale = exp2f(mx - gm);  // 0 while mx is still -inf
-      acc.x *= rescale;
-      acc.y *= rescale;
-      acc.z *= rescale;
-      acc.w *= rescale;
-      wsum *= rescale;
+      for (int r = 0; r < R; ++r) {
+        float gm = mx[r];
 #pragma unroll
-      for (int k = 0; k < kCombineGroup; ++k) {
-        const float w = exp2f(l[k] - gm);
-        wsum += w;
-        acc.x += w * v[k].x;
-        acc.y += w * v[k].y;
-        acc.z += w * v[k].z;
-        acc.w += w * v[k].w;
+        for (int k = 0; k < kGroup; ++k) gm = fmaxf(gm, l[r][k]);
+        if (gm == -INFINITY) continue;  // nothing but empty partials so far
+        const float rescale = exp2f(mx[r] - gm);  // 0 while mx is still -inf
+        acc[r].x *= rescale;
+        acc[r].y *= rescale;
+        acc[r].z *= rescale;
+        acc[r].w *= rescale;
+        wsum[r] *= rescale;
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const float w = exp2f(l[r][k] - gm);
+          wsum[r] += w;
+          acc[r].x += w * v[r][k].x;
+          acc[r].y += w * v[r][k].y;
+          acc[r].z += w * v[r][k].z;
+          acc[r].w += w * v[r][k].w;
+        }
+        mx[r] = gm;
       }
-      mx = gm;
     }
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const int64_t t = row / H, h = row % H;
-  uint16_t* dst = static_cast<uint16_t*>(p.out) + (qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
-  const float r[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
-  uint16_t v[4];
-  for (int e = 0; e < 4; ++e) v[e] = kBf16 ? float_to_bf16(r[e]) : float_to_f16(r[e]);
-  uint2 packed;
-  packed.x = static_cast<uint32_t>(v[0]) | (static_cast<uint32_t>(v[1]) << 16);
-  packed.y = static_cast<uint32_t>(v[2]) | (static_cast<uint32_t>(v[3]) << 16);
-  *reinterpret_cast<uint2*>(dst + 4 * col) = packed;
-  if (p.lse && col == 0)
-    p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = wsum > 0.f ? mx + log2f(wsum) : -INFINITY;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = row0 + r * kCombineRows;
+    if (row >= row_end) break;
+    const float inv = wsum[r] > 0.f ? 1.f / wsum[r] : 0.f;
+    const int64_t t = row / H, h = row % H;
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + (qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
+    const float o[4] = {acc[r].x * inv, acc[r].y * inv, acc[r].z * inv, acc[r].w * inv};
+    uint16_t e16[4];
+    for (int e = 0; e < 4; ++e) e16[e] = kBf16 ? float_to_bf16(o[e]) : float_to_f16(o[e]);
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(e16[0]) | (static_cast<uint32_t>(e16[1]) << 16);
+    packed.y = static_cast<uint32_t>(e16[2]) | (static_cast<uint32_t>(e16[3]) << 16);
+    *reinterpret_cast<uint2*>(dst + 4 * col) = packed;
+    if (p.lse && col == 0)
+      p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] =
+          wsum[r] > 0.f ? mx[r] + log2f(wsum[r]) : -INFINITY;
+  }
 }
 
 #if defined(MLACORE_GPU_CUDA)
@@ -733,14 +770,19 @@ void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream)
   }
   const int64_t batch = p.batch < p.max_batch ? p.batch : p.max_batch;
   if (batch > 0) {
-    const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>((rows_cap + kCombineRows - 1) / kCombineRows));
-    auto combine = mla_decode_combine_kernel<kBf16, Idx>;
+    const int per_thread = combine_rows_per_thread(batch, rows_cap);
+    const int64_t block_rows = static_cast<int64_t>(kCombineRows) * per_thread;
+    const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>((rows_cap + block_rows - 1) / block_rows));
+    auto combine = per_thread == 4   ? mla_decode_combine_kernel<kBf16, 4, Idx>
+                   : per_thread == 2 ? mla_decode_combine_kernel<kBf16, 2, Idx>
+                                     : mla_decode_combine_kernel<kBf16, 1, Idx>;
 #if defined(MLACORE_GPU_CUDA)
     // Programmatic dependent launch: the combine's launch overlaps the decode
     // kernel's tail instead of following it (a few us of a ~100 us decode).
     // Only when the combine that will run was compiled for sm_90+, so it
     // carries the griddepcontrol.wait that orders it after the decode.
-    // The image's binaryVersion is fixed for the process: asked once per device.
+    // The image's binaryVersion is fixed for the process: asked once per device
+    // (once for the three row counts: kernels of one file, the same targets).
     const int binary = !kCombinePdl ? 0 : gpu::once_per_device(p.device, [combine] {
       cudaFuncAttributes attr{};
       gpu::check(cudaFuncGetAttributes(&attr, combine), "cudaFuncGetAttributes(mla_decode_combine_kernel)");
