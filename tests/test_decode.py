@@ -94,6 +94,20 @@ def run_wrapper(d, *, causal=True, sm_scale=None, backend="auto", return_lse=Tru
     return res, sm_scale
 
 
+def run_forced_chunk(d, chunk, sm_scale, causal, *, portable=False):
+    """The decode op on a host schedule that splits every request into `chunk`-token items (no plan);
+    returns (out, lse)."""
+    dev = d["q_nope"].device
+    heads, page_size = d["heads"], d["page_size"]
+    md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads, chunk_tokens=chunk)
+    ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, heads), dtype=torch.uint8, device=dev)
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
+    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
+                        d["kv_len"], md.to(dev), ws, out, lse, mb, mw, mq, mw, page_size, sm_scale, causal, portable)
+    return out, lse
+
+
 def check(d, out, lse, sm_scale, causal, *, atol=1.5e-2, lse_atol=2e-3, what=""):
     ref_o, ref_lse = reference(d, sm_scale, causal)
     got = out.double().cpu()
@@ -385,12 +399,7 @@ def test_gpu_forced_splits_and_bad_pages(chunk, backend_portable):
     idx[3] = -1
     idx[10] = 10 ** 6
     d["kv_indices"] = idx
-    md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 16, 16, chunk_tokens=chunk)
-    ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, 16), dtype=torch.uint8, device="cuda")
-    out = torch.empty_like(d["q_nope"])
-    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
-    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
-                        d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, 16, 0.1, True, backend_portable)
+    out, lse = run_forced_chunk(d, chunk, 0.1, True, portable=backend_portable)
     torch.cuda.synchronize()
     err = check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what=f"chunk={chunk} portable={backend_portable}")
     print(f"forced chunk={chunk} portable={backend_portable}: max err {err:.3e}")
@@ -408,17 +417,10 @@ def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
     d = make_batch(kv_lens, [1] * len(kv_lens), page_size, heads, torch.bfloat16, "cuda", seed=11 + heads)
     d["q_nope"] = d["q_nope"] * 3
     scale = 0.35
-    out = torch.empty_like(d["q_nope"])
-    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
     if chunk is None:
         (out, lse), _ = run_wrapper(d, causal=False, sm_scale=scale)
     else:
-        md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads,
-                                                chunk_tokens=chunk)
-        ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, heads), dtype=torch.uint8, device="cuda")
-        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, page_size, scale, False,
-                            False)
+        out, lse = run_forced_chunk(d, chunk, scale, False)
     torch.cuda.synchronize()
     err = check(d, out, lse, scale, False, atol=2e-2, lse_atol=2e-2,
                 what=f"peaked h={heads} page={page_size} chunk={chunk}")
@@ -434,17 +436,11 @@ def test_gpu_combine_rows_per_thread(batch, chunk):
     # to 40 partials a request) take every row count through several rounds and a remainder.
     kv_lens = [(37 * i * i + 11 * i) % 2600 for i in range(batch)]
     d = make_batch(kv_lens, [1] * batch, 64, 128, torch.bfloat16, "cuda", seed=batch)
-    out = torch.empty_like(d["q_nope"])
-    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device="cuda")
+    scale = 0.1
     if chunk is None:
-        (out, lse), scale = run_wrapper(d, causal=False, sm_scale=0.1)
+        (out, lse), _ = run_wrapper(d, causal=False, sm_scale=scale)
     else:
-        scale = 0.1
-        md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), 64, 128, chunk_tokens=chunk)
-        ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, 128), dtype=torch.uint8, device="cuda")
-        _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                            d["qo_indptr"], d["kv_len"], md.cuda(), ws, out, lse, mb, mw, mq, mw, 64, scale, False,
-                            False)
+        out, lse = run_forced_chunk(d, chunk, scale, False)
     torch.cuda.synchronize()
     check(d, out, lse, scale, False, atol=2e-2, lse_atol=2e-2, what=f"combine batch={batch} chunk={chunk}")
 

@@ -586,8 +586,10 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
 // only 8 * 16 rows, and the old 32 lanes per row walked 16 partials one
 // latency at a time. A large batch (many rows, few partials each) gives each
 // thread kRowsPerThread rows of one request instead of one: at b=32 x 128
-// heads one row a thread took 2048 blocks, two waves behind the decode's
-// last CTAs, where 512 blocks holding the same loads in flight fit in one.
+// heads one row a thread took 2048 blocks, about four waves (4 resident an
+// SM at 61 registers) behind the decode's last CTAs; four rows a thread take
+// 512 blocks, about 1.3 waves (3 resident at 80 registers), with as many
+// loads in flight per thread.
 // Requests without partials are left alone, except those with no KV, whose
 // zeros and -inf LSE are written here as well as by their (empty) work item,
 // so a schedule that gives them no item still produces defined output.
@@ -599,8 +601,10 @@ constexpr int kCombineLoads = 8;
 constexpr bool kCombinePdl = true;
 constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;  // rows of a block per row a thread
 
-// Rows a combine thread merges: the fewest that keep the grid within about
-// one wave of resident blocks (132 SMs x 8 blocks on an H100/H200).
+// Rows a combine thread merges, from the rows of the whole batch: one while
+// the grid is small (b=8 x 128 heads: 512 blocks, each thread 8 partials of
+// its row in flight), more as the row count, and with it the block count,
+// grows (H200: b=32 x 128 heads, 4 rows a thread).
 int combine_rows_per_thread(int64_t batch, int64_t rows_cap) {
   const int64_t rows = batch * rows_cap;
   return rows >= 4096 ? 4 : rows >= 2048 ? 2 : 1;
