@@ -341,10 +341,27 @@ def _good():
     (lambda a: (a[0], None, a[2]), TypeError, "kv_indptr: expected a tensor, got None"),
     (lambda a: (a[0], [0, 1, 3], a[2]), TypeError, "kv_indptr: expected a tensor"),
 ])
-def test_input_errors_name_the_argument(mutate, exc, match):
-    plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_input_errors_name_the_argument(mutate, exc, match, device):
+    # On the GPU the exchange kernel flags the batch and the host's pass over
+    # the staged copy names the fault: the same message as on the CPU.
+    plan = mlacore.MlaPlan(device, max_batch=4, num_sms=4)
+    good = tuple(t.to(device) for t in _good())
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in mutate(good))
     with pytest.raises(exc, match=match):
-        plan.build(*mutate(_good()), 64, 16)
+        plan.build(*args, 64, 16)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_empty_batch_with_a_bad_first_element_is_rejected(device):
+    # No request carries the error: the start check alone must.
+    plan = mlacore.MlaPlan(device, max_batch=4, num_sms=4)
+    with pytest.raises(ValueError, match="qo_indptr: expected first element 0, got 3"):
+        plan.build(*tensors([3], [0], [], device), 64, 16)
+    with pytest.raises(ValueError, match="kv_indptr: expected first element 0, got 2"):
+        plan.build(*tensors([0], [2], [], device), 64, 16)
+    plan.build(*tensors([0], [0], [], device), 64, 16)
+    assert plan.info.batch == 0 and plan.info.num_work == 0
 
 
 def test_capacity_scalar_and_metadata_errors():
@@ -424,8 +441,8 @@ def test_gpu_device_inputs_match_host_inputs_with_one_exchange(dtype, watchdog):
 @requires_exchange
 def test_gpu_build_is_one_kernel_launch_without_memcpy_or_sync(watchdog):
     # The exchange kernel stores the inputs into the plan's mapped pinned
-    # buffer and reads the schedule back from it: one launch, no memcpy in
-    # either direction, no stream synchronization.
+    # buffer and reads the host's chunk back from it: one launch, no memcpy
+    # in either direction, no stream synchronization.
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     _, dev = _cuda_batch(1, 64)
     plan.build(*dev, 64, 16)  # warm: staging allocated
@@ -570,8 +587,9 @@ def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
 
 @requires_cuda
 def test_gpu_device_input_build_waits_for_a_pending_host_input_upload(watchdog):
-    # Both share the pinned schedule region: the upload, held back by a long
-    # kernel, must have read it before the exchange's host writes it.
+    # The upload, held back by a long kernel, must have read the pinned
+    # schedule region before the next host-input build rewrites it, with an
+    # exchange (which leaves that region alone) in between.
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     raw = plan._plan
     meta_a, meta_b, meta_c = (torch.zeros_like(plan.metadata) for _ in range(3))

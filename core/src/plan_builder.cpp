@@ -120,8 +120,8 @@ void with_vectors(const ScheduleInputs& in, Fn&& fn) {
   }
 }
 
-// The scalar checks of validate_schedule_inputs().
-void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
+// The scalar checks of validate_schedule_inputs() that read no input element.
+void check_scalar_args(const ScheduleInputs& in, const ScheduleLayout& layout) {
   const int64_t B = in.batch;
   if (B < 0 || B > layout.max_batch)
     value_error("qo_indptr: batch ", B, " exceeds the plan's max_batch=", layout.max_batch);
@@ -132,6 +132,11 @@ void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
   // int64 for C++ callers too.
   if (in.page_size > kMaxInt32) value_error("page_size: expected <= 2^31-1, got ", in.page_size);
   if (in.num_heads > kMaxInt32) value_error("num_heads: expected <= 2^31-1, got ", in.num_heads);
+}
+
+// The scalar checks of validate_schedule_inputs().
+void check_scalars(const ScheduleInputs& in, const ScheduleLayout& layout) {
+  check_scalar_args(in, layout);
   if (in.qo_indptr[0] != 0) value_error("qo_indptr: expected first element 0, got ", in.qo_indptr[0]);
   if (in.kv_indptr[0] != 0) value_error("kv_indptr: expected first element 0, got ", in.kv_indptr[0]);
 }
@@ -170,47 +175,73 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, Requ
   return t;
 }
 
-// build_schedule() for one host thread on validated inputs, rewritten so that
-// a batch costs at most three tight passes and no division per request (see
-// Divider). It must stay bit-identical to build_schedule(SerialExec{}, ...),
-// which the device-only kernel runs too: same totals, same candidates and
-// choice (the shared helpers), same placement order, same padding.
-template <class V>
-void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
-                       const ScheduleTotals& t, const RequestTiles* tiles, int32_t* meta) {
+// schedule_chunk_tiles() for one host thread on validated inputs, from the
+// scan's tile counts: one pass per distinct candidate, one divider and one sum
+// in registers each (five of each at once spilled). A chunk of at least
+// no_split tiles splits nothing (one item a request), and equal chunks give
+// equal counts: neither needs a pass.
+int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout, const ScheduleTotals& t,
+                         const RequestTiles* tiles) {
   const int64_t B = in.batch;
   const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
-  int64_t chunk = no_split;
-  if (cb.balance < no_split) {
-    // One pass per distinct candidate over the scan's tile counts: one divider
-    // and one sum in registers each (five of each at once spilled). A chunk
-    // of at least no_split tiles splits nothing (one item a request), and
-    // equal chunks give equal counts: neither needs a pass.
-    CandidateCtas cand;
-    int64_t chunk_of[kPlanCandidates];
-    for (int i = 0; i < kPlanCandidates; ++i) {
-      chunk_of[i] = candidate_tiles(i, cb, no_split);
-      int same = -1;
-      for (int j = 0; j < i; ++j)
-        if (chunk_of[j] == chunk_of[i]) same = j;
-      if (same >= 0) {
-        cand.ctas[i] = cand.ctas[same];
-        continue;
-      }
-      int64_t ctas = 0;
-      if (chunk_of[i] >= no_split) {
-        for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q;
-      } else {
-        const Divider by(chunk_of[i]);
-        for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q * by.splits(tiles[b].kv);
-      }
-      cand.ctas[i] = ctas;
+  if (cb.balance >= no_split) return no_split;
+  CandidateCtas cand;
+  int64_t chunk_of[kPlanCandidates];
+  for (int i = 0; i < kPlanCandidates; ++i) {
+    chunk_of[i] = candidate_tiles(i, cb, no_split);
+    int same = -1;
+    for (int j = 0; j < i; ++j)
+      if (chunk_of[j] == chunk_of[i]) same = j;
+    if (same >= 0) {
+      cand.ctas[i] = cand.ctas[same];
+      continue;
     }
-    chunk = pick_chunk_tiles(cand, cb, no_split, in.num_sms);
+    int64_t ctas = 0;
+    if (chunk_of[i] >= no_split) {
+      for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q;
+    } else {
+      const Divider by(chunk_of[i]);
+      for (int64_t b = 0; b < B; ++b) ctas += tiles[b].q * by.splits(tiles[b].kv);
+    }
+    cand.ctas[i] = ctas;
   }
-  const int64_t chunk_tokens = chunk * kDecodeTileTokens;
+  return pick_chunk_tiles(cand, cb, no_split, in.num_sms);
+}
 
+// What the host decides for a validated batch: everything of the header, with
+// which place_schedule() on the exchange kernel writes the same metadata as
+// the host placement below.
+struct Verdict {
+  ScheduleTotals totals;
+  int64_t chunk_tiles = 1;
+  int64_t num_work = 0, num_partials = 0;
+};
+
+// The items and partials place_schedule() will count for `chunk`.
+Verdict count_work(const ScheduleInputs& in, const ScheduleTotals& t, int64_t chunk, const RequestTiles* tiles) {
+  Verdict v{t, chunk, in.batch, 0};
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  if (chunk >= no_split) return v;  // one item a request, no partials
+  const Divider by_chunk(chunk);
+  v.num_work = 0;
+  for (int64_t b = 0; b < in.batch; ++b) {
+    const int64_t n = by_chunk.splits(tiles[b].kv);
+    v.num_work += n;
+    v.num_partials += n > 1 ? n : 0;
+  }
+  return v;
+}
+
+// place_schedule() for one host thread on validated inputs, rewritten without
+// a division per request (see Divider). It must stay bit-identical to it:
+// same placement order, same padding, same header.
+template <class V>
+void host_place(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
+                const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  const int64_t B = in.batch;
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t chunk_tokens = chunk * kDecodeTileTokens;
   int32_t* last_page_len = meta + layout.last_page_len();
   int32_t* split_indptr = meta + layout.split_indptr();
   WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
@@ -235,8 +266,8 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
       last_page_len[b] = static_cast<int32_t>(len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size);
       split_indptr[b] = static_cast<int32_t>(num_partials);
       const int32_t partial0 = n > 1 ? static_cast<int32_t>(num_partials) : -1;
-      // Bounded like build_schedule(): a broken invariant loses work instead of
-      // writing past the buffer.
+      // Bounded like place_schedule(): a broken invariant loses work instead
+      // of writing past the buffer.
       const int64_t fit = layout.max_work - num_work < n ? layout.max_work - num_work : n;
       for (int64_t i = 0; i < fit; ++i) {
         const int64_t begin = i * chunk_tokens;
@@ -257,13 +288,47 @@ void schedule_requests(const Vectors<V>& v, const ScheduleInputs& in, const Sche
   write_header(meta, num_work, num_partials, B, t, chunk_tokens, v.qo[B], 0);
 }
 
-// Validation, then (when meta is given) the schedule: the host build.
+// The host build: validation, the chunk, the placement into `meta`. Stays
+// bit-identical to build_schedule(SerialExec{}, ...), which the device-only
+// kernel runs too: same totals, same candidates and choice (the shared
+// helpers), same placement. A batch costs at most three tight passes.
 void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, RequestTiles* tiles) {
   check_scalars(in, layout);
   with_vectors(in, [&](const auto& v) {
-    const ScheduleTotals t = scan_requests(v, in, meta != nullptr ? tiles : nullptr);
-    if (meta != nullptr) schedule_requests(v, in, layout, t, tiles, meta);
+    const ScheduleTotals t = scan_requests(v, in, tiles);
+    host_place(v, in, layout, t, host_chunk_tiles(in, layout, t, tiles), meta);
   });
+}
+
+// Validation and the chunk, no placement.
+Verdict verdict_host(const ScheduleInputs& in, const ScheduleLayout& layout, RequestTiles* tiles) {
+  check_scalars(in, layout);
+  Verdict out;
+  with_vectors(in, [&](const auto& v) {
+    const ScheduleTotals t = scan_requests(v, in, tiles);
+    out = count_work(in, t, host_chunk_tiles(in, layout, t, tiles), tiles);
+  });
+  return out;
+}
+
+// The host's half of the exchange, from the totals the kernel reduced over
+// the inputs it staged. The kernel flags exactly what scan_requests() and
+// check_scalars() reject (request_shape(), the start check), so only a flagged
+// batch needs the host's pass for its message. A batch that splits nothing
+// needs no pass at all; one that splits needs every request's tiles for the
+// candidates, read from the staged copy as before.
+Verdict exchange_verdict(const ScheduleInputs& staged, const ScheduleLayout& layout, const ScheduleTotals& t,
+                         RequestTiles* tiles) {
+  check_scalar_args(staged, layout);
+  if (t.error != 0) {
+    verdict_host(staged, layout, tiles);  // throws, naming the request
+    runtime_error("plan: the exchange kernel flagged the inputs (error bits ", t.error,
+                  ") but the host's validation accepts them");
+  }
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  if (chunk_bounds(t, staged.num_sms, layout.max_work).balance >= no_split)
+    return count_work(staged, t, no_split, tiles);  // one item a request: reads no tiles
+  return verdict_host(staged, layout, tiles);
 }
 
 }  // namespace
@@ -365,10 +430,11 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
 
   if (inputs_at == Where::GPU) {
     // The exchange: one kernel stores the inputs into the mapped staging
-    // buffer, the host schedules them into the same buffer, the kernel copies
-    // the schedule into the metadata tensor. One launch, no memcpy, no stream
-    // synchronization; this thread blocks only until the stream reaches the
-    // kernel, as any round trip does.
+    // buffer, the host validates them there and picks the chunk, the kernel
+    // places the work items into the metadata tensor. One launch, no memcpy,
+    // no stream synchronization; this thread blocks only until the stream
+    // reaches the kernel, as any round trip does, and spends no time on the
+    // placement, the part of the schedule that writes the whole metadata.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
@@ -385,7 +451,6 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
       ++stats_.device_to_host;
       ++stats_.stream_syncs;
       plan_gpu::staging_wait(staging_);
-      plan_gpu::wait_reader(staging_);
       schedule_host(host_in, layout_, host_meta, tiles_.data());
       record_info(host_meta);
       plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
@@ -393,27 +458,35 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
       return;
     }
     const uint64_t seq = plan_gpu::exchange_launch(staging_, in, static_cast<size_t>(off_kv),
-                                                   static_cast<size_t>(off_len), meta.data(), schedule_bytes, stream);
+                                                   static_cast<size_t>(off_len), layout_, meta.ptr<int32_t>(),
+                                                   stream);
     // From here every way out releases the kernel (abort unless published).
     plan_gpu::Exchange exchange(staging_, seq);
     plan_gpu::exchange_wait_inputs(staging_, seq, stream);
     ++stats_.device_to_host;
-    // The schedule region may still be read by a host-input upload (event)
-    // or by the previous exchange kernel if it ran on another stream (its
-    // kDone flag); both return at once in the steady state.
-    plan_gpu::staging_wait(staging_);
+    // The previous exchange kernel, if it ran on another stream, may not have
+    // read its release yet (its kDone flag): publishing over it would hand it
+    // this build's chunk. Returns at once in the steady state.
     plan_gpu::wait_reader(staging_);
-    schedule_host(host_in, layout_, host_meta, tiles_.data());  // throws ValueError: the guard aborts the kernel
-    exchange.publish();
+    const plan_gpu::StagedTotals staged = plan_gpu::exchange_totals(staging_);
+    // Throws ValueError: the guard aborts the kernel.
+    const Verdict v = exchange_verdict(host_in, layout_, staged.totals, tiles_.data());
+    exchange.publish(v.chunk_tiles);
     ++stats_.host_to_device;
-    // The kernel only reads the region; the next write to it is the next build's.
-    record_info(host_meta);
+    info_.batch = static_cast<int32_t>(in.batch);
+    info_.num_work = static_cast<int32_t>(v.num_work);
+    info_.num_partials = static_cast<int32_t>(v.num_partials);
+    info_.max_qo_len = static_cast<int32_t>(v.totals.max_qo_len);
+    info_.max_kv_len = static_cast<int32_t>(v.totals.max_kv_len);
+    info_.chunk_tokens = static_cast<int32_t>(v.chunk_tiles * kDecodeTileTokens);
+    info_.total_qo = static_cast<int32_t>(staged.total_qo);
+    info_.error = 0;
+    info_.on_host = true;
     return;
   }
   // Host inputs: schedule into the pinned region, one async H2D copy. The
-  // region must be free of the previous upload and of the last exchange kernel.
+  // region must be free of the previous upload (exchange kernels never read it).
   plan_gpu::staging_wait(staging_);
-  plan_gpu::wait_reader(staging_);
   schedule_host(in, layout_, host_meta, tiles_.data());
   record_info(host_meta);
   plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);

@@ -1,15 +1,26 @@
 // Plan metadata on the GPU: the mapped pinned staging buffer and its event,
-// the exchange kernel that trades the three inputs for the host-built schedule
-// through that buffer (one launch, no memcpy, no stream synchronization), and
-// the device-only schedule kernel (build_schedule() run by one block).
+// the exchange kernel that trades the three inputs for the host's chunk through
+// that buffer and places the schedule itself (one launch, no memcpy, no stream
+// synchronization), and the device-only schedule kernel (build_schedule() run
+// by one block).
 //
 // The exchange handshake (build() with device inputs), for sequence number s:
-//   device: inputs -> staging; fence.sys; ctl[kInputsReady] = s; spin on ctl[kScheduleReady]
-//   host:   spin until ctl[kInputsReady] == s (acquire); validate + schedule into staging;
-//           ctl[kScheduleReady] = s (release), or s | kAbortBit on any error
-//   device: fence.sys; copy staging -> metadata (16-byte vectors); fence.sys; ctl[kDone] = s
+//   device: inputs -> staging; totals (validation bits included) -> ctl[kTotals]; fence.sys;
+//           ctl[kInputsReady] = s; spin on ctl[kScheduleReady]
+//   host:   spin until ctl[kInputsReady] == s (acquire); on error bits, validate the staged
+//           inputs for the message; pick the chunk (from the totals alone when nothing splits);
+//           ctl[kChunk] = chunk; ctl[kScheduleReady] = s (release), or s | kAbortBit on any error
+//   device: fence.sys; read ctl[kChunk]; fence.sys; ctl[kDone] = s; place the schedule into the metadata
 // Sequence numbers are 64-bit and grow by one per exchange, so a flag left
 // over from an earlier build never equals the current one.
+//
+// The host keeps only what must be on the host: the ValueErrors and the chunk,
+// which the kernel would take microseconds to pick (the candidates' 64-bit
+// divisions run in one thread there). The placement, which writes every int32
+// of the metadata, runs on the kernel's 256 threads instead of one host
+// thread, and the schedule no longer crosses the bus. At batch 256 the host
+// did 1.5-2.3 us of passes over the staged inputs; with the totals it does
+// none unless the batch splits.
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -50,8 +61,11 @@ namespace {
 // different 128-byte lines so a host store never shares a line the PCIe
 // writes of the device land on.
 constexpr int kInputsReady = 0;
-constexpr int kDone = 1;           // the last kernel released with a schedule has finished reading it
+constexpr int kDone = 1;           // the last kernel released with a chunk has read it
+constexpr int kTotals = 2;         // StagedTotals (8 words), written before kInputsReady
 constexpr int kScheduleReady = 16;  // 128 bytes further
+constexpr int kChunk = 17;          // the chunk in tiles, written before kScheduleReady
+static_assert(kTotals * 8 + sizeof(StagedTotals) <= kScheduleReady * 8, "the totals fit the device's line");
 constexpr size_t kControlBytes = 256;
 // Set in kScheduleReady next to the sequence number: "no schedule, leave the
 // metadata alone and exit". Sequence numbers never reach 2^63.
@@ -90,7 +104,7 @@ struct Staging {
   gpuEvent_t uploaded{};  // recorded after each host-input upload that reads `host`
   bool pending = false;
   uint64_t seq = 0;       // the last sequence number handed to an exchange kernel
-  uint64_t reader = 0;    // the last exchange kernel released with a schedule (it reads the region)
+  uint64_t reader = 0;    // the last exchange kernel released with a chunk (it reads kChunk)
   bool aborted = false;   // an exchange kernel was released without one: it may still be polling
 
   uint64_t* control() { return reinterpret_cast<uint64_t*>(static_cast<char*>(host) + control_offset); }
@@ -128,7 +142,7 @@ void staging_destroy(Staging* s) noexcept {
   // An upload may still read the buffer; freeing it under the copy would
   // hand the DMA engine freed memory.
   if (s->pending) (void)gpuEventSynchronize(s->uploaded);
-  // So may an exchange kernel: the last one released with a schedule until
+  // So may an exchange kernel: the last one released with a chunk until
   // it writes kDone, and one released with the abort value until it has seen
   // it (nothing reports that back). Both always finish, having been released,
   // so waiting for the device is bounded; it is rare (plan teardown).
@@ -178,7 +192,7 @@ void wait_reader(Staging* s) {
     if (waited > kSpinOnly) std::this_thread::yield();
     if (waited > std::chrono::seconds(1)) {
       // Never in a healthy context; a dead one would leave kDone unwritten.
-      // Once the device is idle no kernel reads the region.
+      // Once the device is idle no kernel reads the release words.
       gpu::DeviceGuard guard(s->device);
       gpu::check(gpuDeviceSynchronize(), "plan: waiting for the previous exchange kernel");
       break;
@@ -211,15 +225,119 @@ __device__ __forceinline__ void copy_index(const IndexView& v, int64_t i, char* 
     reinterpret_cast<int32_t*>(dst)[i] = static_cast<const int32_t*>(v.data)[i * v.stride];
 }
 
-constexpr int kExchangeThreads = 256;
+constexpr int kScheduleThreads = 256;
+#if defined(MLACORE_GPU_HIP)
+constexpr int kWarp = 64;
+#else
+constexpr int kWarp = 32;
+#endif
+constexpr int kScheduleWarps = kScheduleThreads / kWarp;
+// One 64-byte slot per warp: the warps' partial reductions or scan totals.
+constexpr int kSharedBytes = kScheduleWarps * 64;
+static_assert(sizeof(ScheduleTotals) <= 64 && sizeof(CandidateCtas) <= 64 && sizeof(ScheduleTotals) % 8 == 0 &&
+                  sizeof(CandidateCtas) % 8 == 0 && alignof(ScheduleTotals) <= 8 && alignof(CandidateCtas) <= 8,
+              "reduced structs are int64 words, at most 64 bytes");
+
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define MLACORE_DEVICE_PASS 1
+#endif
+
+#ifdef MLACORE_DEVICE_PASS
+__device__ __forceinline__ long long shfl_xor(long long v, int mask) {
+#if defined(MLACORE_GPU_HIP)
+  return __shfl_xor(v, mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+__device__ __forceinline__ long long shfl_up(long long v, int delta) {
+#if defined(MLACORE_GPU_HIP)
+  return __shfl_up(v, delta);
+#else
+  return __shfl_up_sync(0xffffffffu, v, delta);
+#endif
+}
+#endif
+
+// build_schedule()'s executor on one block: warp-shuffle reductions and
+// scans, then one shared slot per warp, two barriers per collective (a tree
+// over 256 shared slots took eight: the exchange kernel reduces its totals
+// while the host waits). Its members are host+device only to match the
+// template's signature; they run on the device alone.
+struct BlockExec {
+  unsigned char* smem;  // kSharedBytes
+
+  MLACORE_HD int64_t tid() const {
+#ifdef MLACORE_DEVICE_PASS
+    return threadIdx.x;
+#else
+    return 0;
+#endif
+  }
+  MLACORE_HD int64_t nthreads() const { return kScheduleThreads; }
+  MLACORE_HD void sync() const {
+#ifdef MLACORE_DEVICE_PASS
+    __syncthreads();
+#endif
+  }
+  // Merges are integer, associative and commutative: any order gives the same bits.
+  template <class T>
+  MLACORE_HD T reduce(const T& v) const {
+#ifdef MLACORE_DEVICE_PASS
+    constexpr int kWords = sizeof(T) / 8;
+    T acc = v;
+    for (int mask = kWarp / 2; mask > 0; mask >>= 1) {
+      long long w[kWords];
+      __builtin_memcpy(w, &acc, sizeof(T));
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) w[k] = shfl_xor(w[k], mask);
+      T other;
+      __builtin_memcpy(&other, w, sizeof(T));
+      acc.merge(other);
+    }
+    T* slot = reinterpret_cast<T*>(smem);
+    if (threadIdx.x % kWarp == 0) slot[threadIdx.x / kWarp] = acc;
+    __syncthreads();
+    T r = slot[0];
+    for (int w = 1; w < kScheduleWarps; ++w) r.merge(slot[w]);
+    __syncthreads();  // the slots are the next collective's
+    return r;
+#else
+    return v;
+#endif
+  }
+  MLACORE_HD int64_t exclusive_scan(int64_t v, int64_t& total) const {
+#ifdef MLACORE_DEVICE_PASS
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    long long x = v;  // inclusive within the warp
+    for (int d = 1; d < kWarp; d <<= 1) {
+      const long long y = shfl_up(x, d);
+      if (lane >= d) x += y;
+    }
+    int64_t* slot = reinterpret_cast<int64_t*>(smem);
+    if (lane == kWarp - 1) slot[warp] = x;
+    __syncthreads();
+    int64_t before = 0, all = 0;
+    for (int w = 0; w < kScheduleWarps; ++w) {
+      if (w < warp) before += slot[w];
+      all += slot[w];
+    }
+    __syncthreads();
+    total = all;
+    return before + x - v;
+#else
+    total = v;
+    return 0;
+#endif
+  }
+};
 
 struct ExchangeArgs {
   ScheduleInputs in;
+  ScheduleLayout layout;
   char* inputs;           // mapped: qo_indptr, kv_indptr at +off_kv, kv_len at +off_len
   int64_t off_kv, off_len;
-  const uint4* schedule;  // mapped: the host-built schedule
-  uint4* meta;            // device: the plan's metadata tensor
-  int64_t vecs;           // 16-byte vectors of the schedule (ScheduleLayout::total() / 4)
+  int32_t* meta;          // device: the plan's metadata tensor
   unsigned long long* control;  // mapped control block
   unsigned long long seq;
   bool handshake;               // false: store the inputs and end (launches_block())
@@ -230,17 +348,6 @@ __device__ __forceinline__ unsigned long long load_volatile(const unsigned long 
 }
 __device__ __forceinline__ void store_volatile(unsigned long long* p, unsigned long long v) {
   *static_cast<volatile unsigned long long*>(p) = v;
-}
-
-// A schedule vector from host memory. CUDA: ld.global.cv, fetched again from
-// memory and never served by a line L1 may hold from before the handshake.
-// HIP: mapped host memory is uncached on the device, a plain load reads it.
-__device__ __forceinline__ uint4 load_host_vec(const uint4* p) {
-#if defined(MLACORE_GPU_CUDA)
-  return __ldcv(p);
-#else
-  return *p;
-#endif
 }
 
 // The backoff between two polls of kScheduleReady. Each poll is a read
@@ -263,15 +370,17 @@ __device__ __forceinline__ void poll_backoff(int polls) {
 }
 
 // One block: gathers the three (possibly strided) vectors into the mapped
-// staging buffer at their own widths, hands them to the host, waits for the
-// schedule the host writes back into the same buffer and copies it into the
-// metadata tensor. Kernels after it on the stream read the metadata in stream
-// order. 256 threads and no shared memory to speak of, so it is resident as
-// soon as any SM has room: the host is waiting on it.
-__global__ void __launch_bounds__(kExchangeThreads) plan_exchange(ExchangeArgs a) {
-  __shared__ int go;
+// staging buffer at their own widths and reduces the batch's totals (the
+// validation included: their error bits), hands both to the host, and,
+// released with the host's chunk, places the schedule into the metadata
+// tensor (released with the abort value it leaves the metadata alone).
+// Kernels after it on the stream read the metadata in stream order. The host
+// waits on it, so it asks for little: 256 threads, 520 bytes of shared memory.
+__global__ void __launch_bounds__(kScheduleThreads) plan_exchange(ExchangeArgs a) {
+  __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];
+  __shared__ long long chunk;
   const int64_t n = a.in.batch + 1;
-  for (int64_t i = threadIdx.x; i < 3 * n; i += kExchangeThreads) {
+  for (int64_t i = threadIdx.x; i < 3 * n; i += kScheduleThreads) {
     if (i < n)
       copy_index(a.in.qo_indptr, i, a.inputs);
     else if (i < 2 * n)
@@ -279,127 +388,51 @@ __global__ void __launch_bounds__(kExchangeThreads) plan_exchange(ExchangeArgs a
     else if (i - 2 * n < a.in.batch)
       copy_index(a.in.kv_len, i - 2 * n, a.inputs + a.off_len);
   }
-  // The barrier orders every thread's input stores before thread 0's fence
-  // (fences are cumulative over what the barrier made visible to thread 0);
-  // the system-scope fence orders them before the flag store for any
-  // observer, the host included. Host side: the acquire load of the flag.
-  __syncthreads();
-  if (!a.handshake) return;  // the host synchronizes the stream: kernel end publishes the stores
+  if (!a.handshake) {
+    // The host synchronizes the stream: kernel end publishes the stores.
+    return;
+  }
+  // The totals come from the device's copy of the inputs (just loaded, so
+  // cache hits): with them the host needs no pass over the staged inputs at
+  // all when nothing splits, and one only then when it does.
+  const BlockExec ex{reinterpret_cast<unsigned char*>(smem)};
+  const bool starts_ok = schedule_starts_ok(a.in);
+  const ScheduleTotals t = schedule_totals(ex, a.in, starts_ok);
+  // The reduction's barriers order every thread's input stores before thread
+  // 0's fence (fences are cumulative over what a barrier made visible to
+  // thread 0); the system-scope fence orders them and the totals before the
+  // flag store for any observer, the host included. Host side: the acquire
+  // load of the flag.
   if (threadIdx.x == 0) {
+    StagedTotals published{t, a.in.qo_indptr[a.in.batch]};
+    if (!starts_ok) published.totals.error |= kPlanErrorIndptrStart;
+    __builtin_memcpy(a.control + kTotals, &published, sizeof(published));
     __threadfence_system();
     store_volatile(a.control + kInputsReady, a.seq);
     unsigned long long v;
     for (int polls = 0;; ++polls) {
       v = load_volatile(a.control + kScheduleReady);
-      // seq: the schedule is there. seq|abort: the host rejected the inputs.
+      // seq: the chunk is there. seq|abort: the host rejected the inputs.
       // A larger number: the host has moved on to a later build, which it
       // only does after releasing this one, so this one was aborted.
       if ((v & ~kAbortBit) >= a.seq) break;
       poll_backoff(polls);
     }
-    // Acquire half of the handshake: no read of the schedule below may be
-    // performed before the flag read above, so it sees what the host wrote
-    // before its release store.
+    // Acquire half of the handshake: the chunk read below is performed after
+    // the flag read above, so it sees what the host wrote before its release.
     __threadfence_system();
-    go = v == a.seq;
-  }
-  __syncthreads();
-  if (!go) return;  // aborted: the metadata keeps its contents
-  // Four independent 16-byte loads per thread in flight: the reads cross the
-  // bus, so latency and not bandwidth bounds this copy.
-  constexpr int kUnroll = 4;
-  for (int64_t base = 0; base < a.vecs; base += kUnroll * kExchangeThreads) {
-    uint4 r[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int64_t i = base + k * kExchangeThreads + threadIdx.x;
-      if (i < a.vecs) r[k] = load_host_vec(a.schedule + i);
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int64_t i = base + k * kExchangeThreads + threadIdx.x;
-      if (i < a.vecs) a.meta[i] = r[k];
+    chunk = v == a.seq ? static_cast<long long>(load_volatile(a.control + kChunk)) : 0;
+    if (chunk > 0) {
+      // The chunk's value is in hand (stored above) before kDone tells the
+      // host the release words are free again.
+      __threadfence_system();
+      store_volatile(a.control + kDone, a.seq);
     }
   }
-  // Every load has returned (its value was stored) before the barrier; the
-  // fence then orders them before kDone, after which the host may overwrite
-  // the schedule region (only a build on another stream ever waits for it).
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    store_volatile(a.control + kDone, a.seq);
-  }
+  if (chunk <= 0) return;  // aborted: the metadata keeps its contents
+  place_schedule(ex, a.in, a.layout, starts_ok, t, chunk, a.meta);
 }
-
-constexpr int kScheduleThreads = 256;
-constexpr int kSharedBytes = kScheduleThreads * 64;
-static_assert(sizeof(ScheduleTotals) <= 64 && sizeof(CandidateCtas) <= 64 && alignof(ScheduleTotals) <= 8 &&
-                  alignof(CandidateCtas) <= 8,
-              "reduction slots are 64 bytes per thread, int64-aligned");
-
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-#define MLACORE_DEVICE_PASS 1
-#endif
-
-// build_schedule()'s executor on one block: shared-memory tree reductions and
-// a Hillis-Steele scan. Its members are host+device only to match the
-// template's signature; they run on the device alone.
-struct BlockExec {
-  unsigned char* smem;
-
-  MLACORE_HD int64_t tid() const {
-#ifdef MLACORE_DEVICE_PASS
-    return threadIdx.x;
-#else
-    return 0;
-#endif
-  }
-  MLACORE_HD int64_t nthreads() const { return kScheduleThreads; }
-  MLACORE_HD void sync() const {
-#ifdef MLACORE_DEVICE_PASS
-    __syncthreads();
-#endif
-  }
-  template <class T>
-  MLACORE_HD T reduce(const T& v) const {
-#ifdef MLACORE_DEVICE_PASS
-    T* buf = reinterpret_cast<T*>(smem);
-    const int t = threadIdx.x;
-    buf[t] = v;
-    __syncthreads();
-    for (int s = kScheduleThreads / 2; s > 0; s >>= 1) {
-      if (t < s) buf[t].merge(buf[t + s]);
-      __syncthreads();
-    }
-    const T r = buf[0];
-    __syncthreads();
-    return r;
-#else
-    return v;
-#endif
-  }
-  MLACORE_HD int64_t exclusive_scan(int64_t v, int64_t& total) const {
-#ifdef MLACORE_DEVICE_PASS
-    int64_t* buf = reinterpret_cast<int64_t*>(smem);
-    const int t = threadIdx.x;
-    buf[t] = v;
-    __syncthreads();
-    for (int off = 1; off < kScheduleThreads; off <<= 1) {
-      const int64_t add = t >= off ? buf[t - off] : 0;
-      __syncthreads();
-      buf[t] += add;
-      __syncthreads();
-    }
-    const int64_t inclusive = buf[t];
-    total = buf[kScheduleThreads - 1];
-    __syncthreads();
-    return inclusive - v;
-#else
-    total = v;
-    return 0;
-#endif
-  }
-};
 
 __global__ void __launch_bounds__(kScheduleThreads)
     build_schedule_kernel(ScheduleInputs in, ScheduleLayout layout, int32_t* meta) {
@@ -410,21 +443,20 @@ __global__ void __launch_bounds__(kScheduleThreads)
 
 }  // namespace
 
-uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* meta,
-                         size_t meta_bytes, void* stream) {
+uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
+                         const ScheduleLayout& layout, int32_t* meta, void* stream) {
   gpu::DeviceGuard guard(s->device);
   ExchangeArgs a;
   a.in = in;
+  a.layout = layout;
   a.inputs = static_cast<char*>(s->mapped) + s->inputs_offset;
   a.off_kv = static_cast<int64_t>(off_kv);
   a.off_len = static_cast<int64_t>(off_len);
-  a.schedule = static_cast<const uint4*>(s->mapped);
-  a.meta = static_cast<uint4*>(meta);
-  a.vecs = static_cast<int64_t>(meta_bytes / 16);  // ScheduleLayout::total() is a multiple of 4
+  a.meta = meta;
   a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
   a.seq = s->seq + 1;
   a.handshake = true;
-  plan_exchange<<<1, kExchangeThreads, 0, gpu::as_stream(stream)>>>(a);
+  plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
   // Only a launched kernel consumes its number; a failed launch leaves
   // nothing spinning and nothing to release.
@@ -436,11 +468,12 @@ void gather_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t o
   gpu::DeviceGuard guard(s->device);
   ExchangeArgs a{};
   a.in = in;
+  a.layout = ScheduleLayout{0, 0};
   a.inputs = static_cast<char*>(s->mapped) + s->inputs_offset;
   a.off_kv = static_cast<int64_t>(off_kv);
   a.off_len = static_cast<int64_t>(off_len);
   a.handshake = false;
-  plan_exchange<<<1, kExchangeThreads, 0, gpu::as_stream(stream)>>>(a);
+  plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange (gather)");
 }
 
@@ -488,11 +521,19 @@ void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream) {
   }
 }
 
-void exchange_publish(Staging* s, uint64_t seq, bool ok) noexcept {
-  // Release: the schedule stores above (schedule_host into the staging
-  // region) become visible to the device before the flag does. On x86 a
-  // plain store already is one (TSO); the builtin keeps the compiler from
-  // sinking the schedule stores below it and emits stlr on Arm.
+StagedTotals exchange_totals(Staging* s) {
+  // Ordered after the flag by exchange_wait_inputs()'s acquire load.
+  StagedTotals t;
+  __builtin_memcpy(&t, s->control() + kTotals, sizeof(t));
+  return t;
+}
+
+void exchange_publish(Staging* s, uint64_t seq, int64_t chunk_tiles) noexcept {
+  const bool ok = chunk_tiles > 0;
+  // Release: the chunk stored first becomes visible to the device before the
+  // flag does. On x86 plain stores already are ordered (TSO); the builtins
+  // keep the compiler from reordering them and emit stlr on Arm.
+  if (ok) __atomic_store_n(s->control() + kChunk, static_cast<uint64_t>(chunk_tiles), __ATOMIC_RELAXED);
   __atomic_store_n(s->control() + kScheduleReady, ok ? seq : (seq | kAbortBit), __ATOMIC_RELEASE);
   if (ok)
     s->reader = seq;

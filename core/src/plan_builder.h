@@ -255,36 +255,47 @@ struct SerialExec {
   }
 };
 
-// The schedule. Exec supplies tid(), nthreads(), sync(), reduce(T) (merge
-// over all threads, result on every thread) and exclusive_scan(v, total).
-// Requests are visited in rounds of nthreads so the prefix sums that place
-// each request's work items carry from round to round. Writes every int32 of
-// ScheduleLayout::total(), so stale contents never leak into a plan.
+// The schedule, in three phases any executor runs in turn: the totals, the
+// chunk, the placement. Exec supplies tid(), nthreads(), sync(), reduce(T)
+// (merge over all threads, result on every thread) and exclusive_scan(v,
+// total). The exchange kernel runs only the first and last (the host picks
+// the chunk); build_schedule() runs all three.
+MLACORE_HD bool schedule_starts_ok(const ScheduleInputs& in) {
+  return in.batch >= 0 && in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0;
+}
+
 template <class Exec>
-MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
-                               int32_t* meta) {
+MLACORE_HD ScheduleTotals schedule_totals(const Exec& ex, const ScheduleInputs& in, bool starts_ok) {
+  ScheduleTotals local;
+  for (int64_t b = ex.tid(); b < in.batch; b += ex.nthreads()) local.add(request_shape(in, b, starts_ok));
+  return ex.reduce(local);
+}
+
+template <class Exec>
+MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in, bool starts_ok,
+                                        const ScheduleTotals& t, int64_t max_work) {
+  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, max_work);
+  if (cb.balance >= no_split) return no_split;
+  CandidateCtas cand;
+  for (int64_t b = ex.tid(); b < in.batch; b += ex.nthreads()) {
+    const RequestShape r = request_shape(in, b, starts_ok);
+    for (int i = 0; i < kPlanCandidates; ++i)
+      cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, cb, no_split));
+  }
+  return pick_chunk_tiles(ex.reduce(cand), cb, no_split, in.num_sms);
+}
+
+// Places every request's work items for a chunk of `chunk` tiles and writes
+// every int32 of ScheduleLayout::total(), so stale contents never leak into a
+// plan. Requests are visited in rounds of nthreads so the prefix sums that
+// place each request's work items carry from round to round.
+template <class Exec>
+MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t tid = ex.tid(), nth = ex.nthreads();
-  const bool starts_ok = B >= 0 && in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0;
-
-  ScheduleTotals local;
-  for (int64_t b = tid; b < B; b += nth) local.add(request_shape(in, b, starts_ok));
-  const ScheduleTotals t = ex.reduce(local);
-
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
-  int64_t chunk = no_split;
-  if (cb.balance < no_split) {
-    CandidateCtas cand;
-    for (int64_t b = tid; b < B; b += nth) {
-      const RequestShape r = request_shape(in, b, starts_ok);
-      for (int i = 0; i < kPlanCandidates; ++i)
-        cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, cb, no_split));
-    }
-    chunk = pick_chunk_tiles(ex.reduce(cand), cb, no_split, in.num_sms);
-  }
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
-
   int32_t* last_page_len = meta + layout.last_page_len();
   int32_t* split_indptr = meta + layout.split_indptr();
   WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
@@ -334,6 +345,15 @@ MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const S
   ex.sync();
 }
 
+template <class Exec>
+MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               int32_t* meta) {
+  const bool starts_ok = schedule_starts_ok(in);
+  const ScheduleTotals t = schedule_totals(ex, in, starts_ok);
+  const int64_t chunk = schedule_chunk_tiles(ex, in, starts_ok, t, layout.max_work);
+  place_schedule(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
 // ---- the plan object behind the C ABI (plan_builder.cpp) ----
 
 struct PlanInfo {
@@ -345,7 +365,7 @@ struct PlanInfo {
 struct PlanStats {
   int64_t pinned_allocations = 0;
   int64_t device_to_host = 0;  // D2H transfers: exchange kernels storing the inputs into the mapped staging
-  int64_t host_to_device = 0;  // H2D transfers: an async copy (host inputs) or an exchange kernel reading the schedule
+  int64_t host_to_device = 0;  // H2D transfers: an async copy (host inputs) or an exchange kernel reading its chunk
   int64_t stream_syncs = 0;
   int64_t device_builds = 0;   // schedules computed by the device kernel
   const void* staging = nullptr;
@@ -367,8 +387,8 @@ int staging_device(const Staging* s);
 // Returns once the previous host-input upload from the schedule region has
 // finished: a query first, a blocking wait only when it has not.
 void staging_wait(Staging* s);
-// Returns once the last exchange kernel released with a schedule has copied
-// it out of the schedule region (at once when it ran on the same stream).
+// Returns once the last exchange kernel released with a chunk has read it
+// (at once when it ran on the same stream), so the release words are free.
 void wait_reader(Staging* s);
 // Raises when `stream` is capturing a CUDA graph: a host round trip cannot be captured.
 void refuse_capture(void* stream, const char* what);
@@ -376,11 +396,13 @@ void refuse_capture(void* stream, const char* what);
 // The exchange (build() with device inputs), see plan_builder.cu. One 1-block
 // kernel stores the three inputs (any width and stride) into the inputs region
 // (qo_indptr, kv_indptr at +off_kv, kv_len at +off_len bytes), raises "inputs
-// ready" with a fresh sequence number, which it returns, then spins until
-// exchange_publish() and copies the schedule region (meta_bytes) into `meta`.
-// Throws only when the launch failed: then no kernel waits.
-uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* meta,
-                         size_t meta_bytes, void* stream);
+// ready" with a fresh sequence number, which it returns, with the batch's
+// totals next to it (exchange_totals), then spins until
+// exchange_publish() hands it the chunk and writes the whole schedule
+// (place_schedule) into `meta`. Throws only when the launch failed: then no
+// kernel waits.
+uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
+                         const ScheduleLayout& layout, int32_t* meta, void* stream);
 // The same kernel without the handshake: it stores the inputs and ends. For
 // when a launch returns only once its kernel has ended (launches_block()),
 // where the handshake could never start; the caller synchronizes the stream.
@@ -394,9 +416,16 @@ void sync_stream(Staging* s, void* stream);
 // the stream reaches it (what any round trip costs). Throws when the stream
 // reports an error, or went idle without it.
 void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream);
-// Releases kernel `seq`: ok, it copies the schedule region; not ok, it exits
-// leaving the metadata alone.
-void exchange_publish(Staging* s, uint64_t seq, bool ok) noexcept;
+// The totals kernel `seq` reduced (error bits included, the start check
+// folded in) and qo_indptr[batch]; valid once exchange_wait_inputs() returned.
+struct StagedTotals {
+  ScheduleTotals totals;
+  int64_t total_qo;
+};
+StagedTotals exchange_totals(Staging* s);
+// Releases kernel `seq`: with chunk_tiles > 0 it places a schedule of that
+// chunk; with 0 (abort) it exits leaving the metadata alone.
+void exchange_publish(Staging* s, uint64_t seq, int64_t chunk_tiles) noexcept;
 
 // Once exchange_launch() has returned the kernel spins until released: this
 // guard releases it with the abort value on every way out (ValueError from
@@ -405,12 +434,12 @@ class Exchange {
  public:
   Exchange(Staging* s, uint64_t seq) : s_(s), seq_(seq) {}
   ~Exchange() {
-    if (!done_) exchange_publish(s_, seq_, false);
+    if (!done_) exchange_publish(s_, seq_, 0);
   }
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
-  void publish() {
-    exchange_publish(s_, seq_, true);
+  void publish(int64_t chunk_tiles) {
+    exchange_publish(s_, seq_, chunk_tiles);
     done_ = true;
   }
 

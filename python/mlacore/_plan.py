@@ -59,11 +59,11 @@ class MlaPlan:
     - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: the host
       computes the schedule. CPU inputs cost no round trip; GPU inputs cost
       one kernel launch: it stores them into a mapped pinned buffer owned by
-      the plan, the host schedules them into the same buffer, and the kernel
-      copies the schedule into `.metadata` (no memcpy, no stream sync). The
-      call blocks until the current stream reaches that kernel. Invalid inputs
-      raise ValueError naming the argument and the request, and leave
-      `.metadata` unchanged. Not allowed during CUDA-graph capture.
+      the plan, the host validates them there and picks the split chunk, and
+      the kernel writes the schedule into `.metadata` (no memcpy, no stream
+      sync). The call blocks until the current stream reaches that kernel.
+      Invalid inputs raise ValueError naming the argument and the request, and
+      leave `.metadata` unchanged. Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel
       on the current stream: no synchronization, capturable in a CUDA graph.
       Values are not checked on the host: an invalid request gets no work, and
