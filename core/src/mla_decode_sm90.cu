@@ -142,16 +142,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
   // Query tile -> shared (zero rows past the request), once per CTA, by all
-  // 256 threads: its own commit group, the oldest of every thread.
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  // 256 threads: its own commit group, the oldest of every thread. Eight
+  // threads a row (a warp reads four whole 128-byte lines an instruction),
+  // so each thread divides its row by H twice, not once per chunk: with the
+  // 64-bit division per chunk the last Q loads, and the KV loads queued
+  // behind them, went out microseconds into the CTA.
+  constexpr int kQRowsPerPass = kThreads / 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
+    const int r = pass * kQRowsPerPass + (tid >> 3);
     const int64_t grow = row0 + r;
     const bool valid = grow < rows;
     const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
-    const uint16_t* src = c < kCkvDim / 8
-        ? qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + c * 8
-        : qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + (c - kCkvDim / 8) * 8;
-    cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
+    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
+      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    }
   }
   cp_async_commit();
 
@@ -232,23 +241,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Warpgroup 0's running maximum and (per-thread partial) row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  // Prologue: both stages are free, so tiles 0 and 1 load at once (empty
-  // groups past the item). Tile 0 and Q are published by the first
-  // kBarKvFull; tile 1 may still be in flight.
+  // Prologue: Q and tile 0, published by the first kBarKvFull; then tile 1
+  // (empty groups past the item), which lands during S(0) and its softmax.
+  // Issuing tile 1 with them held the first S back: every CTA starts at
+  // once, and an SM's loads arrive at a bounded rate, so the extra 72 KB in
+  // flight delayed Q and tile 0 by about their share.
   PageRef next[kLdPasses];
   if (g == 1) {
     fetch_all(0, next);
     issue(0, 0, next);
     fetch_all(1, next);
-    issue(1, 1, next);
-    fetch_all(2, next);
-    cp_async_wait<1>();  // groups: Q, tile 0, tile 1
-  } else {
-    cp_async_wait_all();  // Q
   }
+  cp_async_wait_all();      // Q (and tile 0 in warpgroup 1)
   wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
   if (tid == 0) wg::mbar_init(s_pfree, kThreads / 2);  // published by the barrier below
   wg::bar_sync(kBarKvFull, kThreads);
+  if (g == 1) {
+    // Stage 1 is untouched until S(1), after the kBarKvFull that waits for it.
+    issue(1, 1, next);
+    fetch_all(2, next);
+  }
 
   if (g == 0) {
     // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
@@ -480,23 +492,54 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   __syncthreads();
 
   const bool to_partial = item.partial >= 0;
+  if (to_partial) {
+    // fp32 partial rows, contiguous in partial_o: through shared memory (the
+    // KV stages, free now), so that each warp stores 512 contiguous bytes an
+    // instruction instead of 8-byte pairs on eight rows. The fragment stores
+    // put 16-byte chunk c of row r at chunk c ^ (r & 7): the eight rows of a
+    // warp's store then fill distinct banks, and a row read back stays one
+    // conflict-free 512-byte sweep. (Stored from the fragments, the 128 KB
+    // took 4-6 us a CTA at the end of every split, all CTAs at once.)
+    float* s_o = reinterpret_cast<float*>(smem + kOffKv);
+    static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = r_lo + 8 * i;
-    const float l = s_sum[r];
-    const int64_t grow = row0 + r;
-    if (grow >= rows || (to_partial && grow >= rows_cap)) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
-    const int64_t t = grow / H, h = grow % H;
-    const int col0 = g * kOCols + 2 * (lane & 3);
-    if (to_partial) {
-      float* dst = p.partial_o + (item.partial * rows_cap + grow) * kCkvDim + col0;
+    for (int i = 0; i < 2; ++i) {
+      const int r = r_lo + 8 * i;
+      const float l = s_sum[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int col0 = g * kOCols + 2 * (lane & 3);
 #pragma unroll
-      for (int j = 0; j < kOCols / 8; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-      if (g == 0 && (lane & 3) == 0) p.partial_lse[item.partial * rows_cap + grow] = lse;
-    } else {
+      for (int j = 0; j < kOCols / 8; ++j) {
+        const int col = col0 + 8 * j;
+        *reinterpret_cast<float2*>(s_o + r * kCkvDim + (((col >> 2) ^ (r & 7)) << 2) + (col & 3)) =
+            make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      }
+      const int64_t grow = row0 + r;
+      if (grow < rows && grow < rows_cap && g == 0 && (lane & 3) == 0)
+        p.partial_lse[item.partial * rows_cap + grow] = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+    }
+    __syncthreads();
+    constexpr int kRowChunks = kCkvDim / 4;  // 16-byte chunks of an fp32 row
+    float* dst = p.partial_o + (item.partial * rows_cap + row0) * kCkvDim;
+#pragma unroll 4
+    for (int idx = tid; idx < kRows * kRowChunks; idx += kThreads) {
+      const int r = idx / kRowChunks, c = idx % kRowChunks;
+      const int64_t grow = row0 + r;
+      if (grow < rows && grow < rows_cap)
+        *reinterpret_cast<float4*>(dst + r * kCkvDim + c * 4) =
+            *reinterpret_cast<const float4*>(s_o + r * kCkvDim + ((c ^ (r & 7)) << 2));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = r_lo + 8 * i;
+      const float l = s_sum[r];
+      const int64_t grow = row0 + r;
+      if (grow >= rows) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+      const int64_t t = grow / H, h = grow % H;
+      const int col0 = g * kOCols + 2 * (lane & 3);
       uint16_t* dst =
           static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h + col0;
 #pragma unroll
