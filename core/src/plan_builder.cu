@@ -226,11 +226,7 @@ __device__ __forceinline__ void copy_index(const IndexView& v, int64_t i, char* 
 }
 
 constexpr int kScheduleThreads = 256;
-#if defined(MLACORE_GPU_HIP)
-constexpr int kWarp = 64;
-#else
-constexpr int kWarp = 32;
-#endif
+constexpr int kWarp = gpu::kWarpThreads;
 constexpr int kScheduleWarps = kScheduleThreads / kWarp;
 // One 64-byte slot per warp: the warps' partial reductions or scan totals.
 constexpr int kSharedBytes = kScheduleWarps * 64;
@@ -240,23 +236,6 @@ static_assert(sizeof(ScheduleTotals) <= 64 && sizeof(CandidateCtas) <= 64 && siz
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 #define MLACORE_DEVICE_PASS 1
-#endif
-
-#ifdef MLACORE_DEVICE_PASS
-__device__ __forceinline__ long long shfl_xor(long long v, int mask) {
-#if defined(MLACORE_GPU_HIP)
-  return __shfl_xor(v, mask);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask);
-#endif
-}
-__device__ __forceinline__ long long shfl_up(long long v, int delta) {
-#if defined(MLACORE_GPU_HIP)
-  return __shfl_up(v, delta);
-#else
-  return __shfl_up_sync(0xffffffffu, v, delta);
-#endif
-}
 #endif
 
 // build_schedule()'s executor on one block: warp-shuffle reductions and
@@ -290,7 +269,7 @@ struct BlockExec {
       long long w[kWords];
       __builtin_memcpy(w, &acc, sizeof(T));
 #pragma unroll
-      for (int k = 0; k < kWords; ++k) w[k] = shfl_xor(w[k], mask);
+      for (int k = 0; k < kWords; ++k) w[k] = gpu::warp_shfl_xor(w[k], mask);
       T other;
       __builtin_memcpy(&other, w, sizeof(T));
       acc.merge(other);
@@ -311,7 +290,7 @@ struct BlockExec {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     long long x = v;  // inclusive within the warp
     for (int d = 1; d < kWarp; d <<= 1) {
-      const long long y = shfl_up(x, d);
+      const long long y = gpu::warp_shfl_up(x, d);
       if (lane >= d) x += y;
     }
     int64_t* slot = reinterpret_cast<int64_t*>(smem);

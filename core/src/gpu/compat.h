@@ -145,6 +145,30 @@ inline unsigned blocks_for(int64_t work, int threads, int64_t cap = 65535LL * 32
   return static_cast<unsigned>(b < cap ? b : cap);
 }
 
+// Threads of a warp (a wavefront on AMD), and 64-bit shuffles across all of
+// them: HIP's take no mask, CUDA's the full-warp one.
+#if defined(MLACORE_GPU_HIP)
+constexpr int kWarpThreads = 64;
+#else
+constexpr int kWarpThreads = 32;
+#endif
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+__device__ __forceinline__ long long warp_shfl_xor(long long v, int mask) {
+#if defined(MLACORE_GPU_HIP)
+  return __shfl_xor(v, mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#endif
+}
+__device__ __forceinline__ long long warp_shfl_up(long long v, int delta) {
+#if defined(MLACORE_GPU_HIP)
+  return __shfl_up(v, delta);
+#else
+  return __shfl_up_sync(0xffffffffu, v, delta);
+#endif
+}
+#endif
+
 }  // namespace mlacore::gpu
 
 // Loads and stores of 16 bytes: the vector width every copy kernel uses.
