@@ -11,7 +11,10 @@
 // depend on how the requests were spread over threads, so the two agree bit for bit. The host
 // build itself (plan_builder.cpp) is that same computation for validated inputs, reorganized
 // into division-free passes: it sits on the latency path of every plan, and a 64-bit division
-// per request and candidate cost 4-5 us at batch 256 on the CI machine.
+// per request and candidate cost 4-5 us at batch 256 on the CI machine. With device inputs
+// the host runs only the first two phases' decisions (validation, the chunk) and the exchange
+// kernel the placement (place_schedule), so the host's part does not grow with the batch
+// unless it splits.
 #pragma once
 
 #include <cstddef>
