@@ -498,8 +498,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     // instruction instead of 8-byte pairs on eight rows. The fragment stores
     // put 16-byte chunk c of row r at chunk c ^ (r & 7): the eight rows of a
     // warp's store then fill distinct banks, and a row read back stays one
-    // conflict-free 512-byte sweep. (Stored from the fragments, the 128 KB
-    // took 4-6 us a CTA at the end of every split, all CTAs at once.)
+    // conflict-free 512-byte sweep. (H200, session 7: 0.5-0.9% off run() at
+    // the 64-tile shapes against storing from the fragments; the epilogue
+    // itself, 4-6 us a CTA with all CTAs writing at once, is no shorter: the
+    // stores draining, not their count, bound it.)
     float* s_o = reinterpret_cast<float*>(smem + kOffKv);
     static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
 #pragma unroll

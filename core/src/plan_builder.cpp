@@ -183,9 +183,9 @@ ScheduleTotals scan_requests(const Vectors<V>& v, const ScheduleInputs& in, Requ
 int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout, const ScheduleTotals& t,
                          const RequestTiles* tiles) {
   const int64_t B = in.batch;
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t no_split = t.no_split_tiles();
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
-  if (cb.balance >= no_split) return no_split;
+  if (splits_nothing(cb, t)) return no_split;
   CandidateCtas cand;
   int64_t chunk_of[kPlanCandidates];
   for (int i = 0; i < kPlanCandidates; ++i) {
@@ -221,8 +221,7 @@ struct Verdict {
 // The items and partials place_schedule() will count for `chunk`.
 Verdict count_work(const ScheduleInputs& in, const ScheduleTotals& t, int64_t chunk, const RequestTiles* tiles) {
   Verdict v{t, chunk, in.batch, 0};
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  if (chunk >= no_split) return v;  // one item a request, no partials
+  if (chunk >= t.no_split_tiles()) return v;  // one item a request, no partials
   const Divider by_chunk(chunk);
   v.num_work = 0;
   for (int64_t b = 0; b < in.batch; ++b) {
@@ -240,7 +239,7 @@ template <class V>
 void host_place(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
                 const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
   const int64_t B = in.batch;
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t no_split = t.no_split_tiles();
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
   int32_t* last_page_len = meta + layout.last_page_len();
   int32_t* split_indptr = meta + layout.split_indptr();
@@ -325,9 +324,8 @@ Verdict exchange_verdict(const ScheduleInputs& staged, const ScheduleLayout& lay
     runtime_error("plan: the exchange kernel flagged the inputs (error bits ", t.error,
                   ") but the host's validation accepts them");
   }
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
-  if (chunk_bounds(t, staged.num_sms, layout.max_work).balance >= no_split)
-    return count_work(staged, t, no_split, tiles);  // one item a request: reads no tiles
+  if (splits_nothing(chunk_bounds(t, staged.num_sms, layout.max_work), t))
+    return count_work(staged, t, t.no_split_tiles(), tiles);  // one item a request: reads no tiles
   return verdict_host(staged, layout, tiles);
 }
 

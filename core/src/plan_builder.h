@@ -137,6 +137,9 @@ struct ScheduleTotals {
   int64_t max_kv_len = 0;
   int64_t error = 0;      // OR of PlanError bits
 
+  // The chunk (in tiles) that splits no request: the longest request, at least 1.
+  MLACORE_HD int64_t no_split_tiles() const { return max_kv_tiles > 0 ? max_kv_tiles : 1; }
+
   MLACORE_HD void add(const RequestShape& r) {
     if (r.error != 0) {
       error |= r.error;
@@ -180,7 +183,7 @@ struct ChunkBounds {
 };
 
 MLACORE_HD ChunkBounds chunk_bounds(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t no_split = t.no_split_tiles();
   const int64_t spare = max_work - t.valid;
   if (spare <= 0) return {no_split, no_split};
   int64_t cap = ceil_div(t.kv_tiles, spare);
@@ -188,6 +191,12 @@ MLACORE_HD ChunkBounds chunk_bounds(const ScheduleTotals& t, int64_t num_sms, in
   int64_t c = ceil_div(t.cost, num_sms);
   if (c < cap) c = cap;
   return {c < no_split ? c : no_split, cap < no_split ? cap : no_split};
+}
+
+// The balance bound already allows the chunk that splits nothing: no
+// candidate needs comparing, and every request gets one work item.
+MLACORE_HD bool splits_nothing(const ChunkBounds& cb, const ScheduleTotals& t) {
+  return cb.balance >= t.no_split_tiles();
 }
 
 // Candidate i as a number of equal parts of the longest request (no_split
@@ -277,9 +286,9 @@ MLACORE_HD ScheduleTotals schedule_totals(const Exec& ex, const ScheduleInputs& 
 template <class Exec>
 MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in, bool starts_ok,
                                         const ScheduleTotals& t, int64_t max_work) {
-  const int64_t no_split = t.max_kv_tiles > 0 ? t.max_kv_tiles : 1;
+  const int64_t no_split = t.no_split_tiles();
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, max_work);
-  if (cb.balance >= no_split) return no_split;
+  if (splits_nothing(cb, t)) return no_split;
   CandidateCtas cand;
   for (int64_t b = ex.tid(); b < in.batch; b += ex.nthreads()) {
     const RequestShape r = request_shape(in, b, starts_ok);
