@@ -427,6 +427,32 @@ def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
     print(f"peaked h={heads} page={page_size} chunk={chunk}: max err {err:.3e}")
 
 
+def sign_of_scale_case(scale, heads, qo, device):
+    # The softmax takes its row maxima after scaling: a negative scale turns the largest raw score
+    # into the smallest weight, and a zero one weighs every visible token alike (tails, a masked
+    # page and an empty request included).
+    kv_lens = [700, 65, 0, 129, 3]
+    d = make_batch(kv_lens, [qo] * len(kv_lens), 16, heads, torch.bfloat16, device, seed=5 + heads)
+    idx = d["kv_indices"].clone()
+    idx[2] = -1
+    d["kv_indices"] = idx
+    (out, lse), _ = run_wrapper(d, causal=qo > 1, sm_scale=scale)
+    check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=f"sm_scale={scale} h={heads} qo={qo} {device}")
+
+
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+def test_cpu_any_sign_of_sm_scale(scale):
+    sign_of_scale_case(scale, 4, 2, "cpu")
+
+
+@requires_cuda
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 0.1])
+@pytest.mark.parametrize("heads,qo", [(16, 1), (128, 1), (64, 2)])
+def test_gpu_any_sign_of_sm_scale(scale, heads, qo):
+    # The mma.sync kernel (16 heads) and the 64-row-tile kernels (wgmma on sm_90a).
+    sign_of_scale_case(scale, heads, qo, "cuda")
+
+
 @requires_cuda
 @pytest.mark.parametrize("batch", [8, 16, 32])
 @pytest.mark.parametrize("chunk", [None, 64])

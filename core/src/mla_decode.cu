@@ -164,8 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     cp_async16(s_q + swz(r, c, kChunks), valid ? src : qn, valid);
   }
 
-  int64_t page_begin = 0, page_end = 0;
-  if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;  // every token masked
+  const int64_t page_begin = item.page_begin, page_end = item.page_end;
   const int64_t num_req_pages = page_end - page_begin;
   // Positions are < item.end <= INT32_MAX (work items are int32), so 32-bit
   // division suffices; a page larger than any position puts all in page 0.
@@ -511,8 +510,7 @@ __global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const Dec
     s_q[d] = d < kCkvDim ? load_h<kBf16>(qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + d)
                          : load_h<kBf16>(qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + d - kCkvDim);
 
-  int64_t page_begin = 0, page_end = 0;
-  if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;
+  const int64_t page_begin = item.page_begin, page_end = item.page_end;
   int64_t limit = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
   limit = limit < item.end ? limit : item.end;
 

@@ -15,33 +15,42 @@ namespace mlacore {
 
 struct ItemView {
   int64_t b, qo_begin, qo_len, kv_len, begin, end, partial;
+  // The request's slots [page_begin, page_end) of kv_indices; empty (every
+  // token masked) when its kv_indptr entries are out of range.
+  int64_t page_begin, page_end;
   bool ok;
 };
 
 // The work item of CTA `w`, checked against the header and the tables; ok is
 // false for padding, out-of-range requests and partial indices the workspace
 // cannot hold (a schedule bug must never become a stray write).
+// At kernel start every load here is a cold DRAM read, and the tile's page
+// ids and KV wait for them: they go out in two rounds of independent loads,
+// the item with the header (w < max_work bounds the grid), then all of the
+// request's index entries, not as a chain of four.
 template <class Idx>
 __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
   ItemView v{};
   const int32_t* md = p.metadata;
   const ScheduleLayout layout{p.max_batch, p.max_work};
+  if (w < 0 || w >= p.max_work) return v;
+  const int4 it = *reinterpret_cast<const int4*>(md + layout.work() + 4 * w);  // WorkItem, 16-byte aligned
   const int64_t num_work = md[kHdrNumWork];
   int64_t batch = md[kHdrBatch];
   batch = batch < p.batch ? batch : p.batch;
   batch = batch < p.max_batch ? batch : p.max_batch;
   if (w >= num_work) return v;
-  const int32_t* it = md + layout.work() + 4 * w;
-  v.b = it[0];
+  v.b = it.x;
   if (v.b < 0 || v.b >= batch) return v;
   v.qo_begin = static_cast<int64_t>(p.qo_indptr[v.b * p.qo_indptr_stride]);
   const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(v.b + 1) * p.qo_indptr_stride]);
-  v.qo_len = qo_end - v.qo_begin;
   v.kv_len = static_cast<int64_t>(p.kv_len[v.b * p.kv_len_stride]);
+  if (!p.pages.pages_of(v.b, v.page_begin, v.page_end)) v.page_begin = v.page_end = 0;
+  v.qo_len = qo_end - v.qo_begin;
   if (v.qo_begin < 0 || v.qo_len <= 0 || qo_end > p.total_q) return v;
-  v.begin = it[1] > 0 ? it[1] : 0;
-  v.end = it[2] < v.kv_len ? it[2] : v.kv_len;
-  v.partial = it[3];
+  v.begin = it.y > 0 ? it.y : 0;
+  v.end = it.z < v.kv_len ? it.z : v.kv_len;
+  v.partial = it.w;
   if (v.partial >= p.max_partials) return v;
   v.ok = true;
   return v;

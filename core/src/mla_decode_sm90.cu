@@ -141,31 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
-  // Query tile -> shared (zero rows past the request), once per CTA, by all
-  // 256 threads: its own commit group, the oldest of every thread. Eight
-  // threads a row (a warp reads four whole 128-byte lines an instruction),
-  // so each thread divides its row by H twice, not once per chunk: with the
-  // 64-bit division per chunk the last Q loads, and the KV loads queued
-  // behind them, went out microseconds into the CTA.
-  constexpr int kQRowsPerPass = kThreads / 8;
-#pragma unroll
-  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
-    const int r = pass * kQRowsPerPass + (tid >> 3);
-    const int64_t grow = row0 + r;
-    const bool valid = grow < rows;
-    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
-    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
-    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
-#pragma unroll
-    for (int c = tid & 7; c < kChunks; c += 8) {
-      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
-      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
-    }
-  }
-  cp_async_commit();
-
-  int64_t page_begin = 0, page_end = 0;
-  if (!p.pages.pages_of(item.b, page_begin, page_end)) page_end = page_begin;  // every token masked
+  const int64_t page_begin = item.page_begin, page_end = item.page_end;
   const int64_t num_req_pages = page_end - page_begin;
   // As in the mma.sync kernel: positions are < item.end <= INT32_MAX, so
   // 32-bit division (a shift for power-of-two pages) suffices.
@@ -246,9 +222,35 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Issuing tile 1 with them held the first S back: every CTA starts at
   // once, and an SM's loads arrive at a bounded rate, so the extra 72 KB in
   // flight delayed Q and tile 0 by about their share.
+  // Tile 0's page ids are loaded before Q is issued: they are the last link
+  // of the chain to tile 0 (work item, kv_indptr, page ids, KV), and the Q
+  // loop's 18 cp.async a thread need none of them.
   PageRef next[kLdPasses];
+  if (g == 1) fetch_all(0, next);
+
+  // Query tile -> shared (zero rows past the request), once per CTA, by all
+  // 256 threads: its own commit group, the oldest of every thread. Eight
+  // threads a row (a warp reads four whole 128-byte lines an instruction),
+  // so each thread divides its row by H twice, not once per chunk: with the
+  // 64-bit division per chunk the last Q loads, and the KV loads queued
+  // behind them, went out microseconds into the CTA.
+  constexpr int kQRowsPerPass = kThreads / 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
+    const int r = pass * kQRowsPerPass + (tid >> 3);
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
+    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
+      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    }
+  }
+  cp_async_commit();
   if (g == 1) {
-    fetch_all(0, next);
     issue(0, 0, next);
     fetch_all(1, next);
   }
@@ -495,13 +497,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   if (to_partial) {
     // fp32 partial rows, contiguous in partial_o: through shared memory (the
     // KV stages, free now), so that each warp stores 512 contiguous bytes an
-    // instruction instead of 8-byte pairs on eight rows. The fragment stores
-    // put 16-byte chunk c of row r at chunk c ^ (r & 7): the eight rows of a
-    // warp's store then fill distinct banks, and a row read back stays one
-    // conflict-free 512-byte sweep. (H200, session 7: 0.5-0.9% off run() at
-    // the 64-tile shapes against storing from the fragments; the epilogue
-    // itself, 4-6 us a CTA with all CTAs writing at once, is no shorter: the
-    // stores draining, not their count, bound it.)
+    // instruction instead of 8-byte pairs on eight rows (H200, session 7:
+    // 0.5-0.9% off run() at the 64-tile shapes against storing from the
+    // fragments; the epilogue itself, 4-6 us a CTA with all CTAs writing at
+    // once, is no shorter: the stores draining, not their count, bound it).
+    // The fragment stores put 16-byte chunk c of row r at chunk c ^ (r & 7),
+    // and a row read back stays one conflict-free 512-byte sweep. ncu
+    // (session 8) counts 4 wavefronts a fragment store against 2 ideal, 1024
+    // excess a CTA; c ^ 2 (r & 3), meant to spread the four rows of each
+    // 16-lane phase, did not lower the kernel's store wavefronts.
     float* s_o = reinterpret_cast<float*>(smem + kOffKv);
     static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
 #pragma unroll
