@@ -3,7 +3,9 @@
 For each (batch, kv_len, page) the wrapper's run() is profiled (torch.profiler, CUDA
 activities) over REPEATS calls with the L2 flushed before each; the mean device time of the
 decode kernel and of the combine kernel is printed, and the run() time by CUDA events (as the
-benchmarks time it). Lengths that double at a fixed batch give the per-tile slope and the fixed
+benchmarks time it). The combine is a programmatic dependent launch: it starts once the decode's
+CTAs are resident and waits, so its device time spans most of the decode's; run() minus the
+decode kernel is what it costs. Lengths that double at a fixed batch give the per-tile slope and the fixed
 part of a CTA (intercept): the kernel time at 2L minus the time at L is L's tiles.
 
     PYTHONPATH=<repo root> python bench/cuda/decode_profile.py [REPEATS]
