@@ -1,5 +1,7 @@
 import gc
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -120,3 +122,26 @@ def _describe(obj):
     if isinstance(obj, dict):
         return f"dict with keys {sorted(map(str, obj))[:6]}"
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def kernels_in_fresh_process(script: str, switch: str, value, ignore=()) -> set:
+    """The kernel kinds a test script's "kernels:" line names, run in a fresh interpreter.
+
+    Kernel switches (MLACORE_DECODE_KERNEL, MLACORE_APPEND_KERNEL) are read once per process,
+    so each setting needs its own: `switch` is set to `value` (removed when None), and
+    MLACORE_TESTS_DIR tells the script where to import the tests from. The script checks its
+    own results; `ignore` drops kinds the caller does not assert on. Skips when the profiler
+    saw no kernels because compute-sanitizer hides them from CUPTI."""
+    env = dict(os.environ, MLACORE_TESTS_DIR=os.path.dirname(os.path.abspath(__file__)))
+    env.pop(switch, None)
+    if value is not None:
+        env[switch] = value
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         check=False, env=env, cwd="/")
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
+    assert len(line) == 1, res.stdout + res.stderr
+    ran = set(line[0].split()[1:]) - set(ignore)
+    if UNDER_SANITIZER and not ran:
+        pytest.skip("results checked; under compute-sanitizer the profiler sees no kernels to name")
+    return ran

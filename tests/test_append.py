@@ -5,10 +5,6 @@ with nothing else written, strict mode, validation, backend routing,
 torch.compile, and on a GPU: bitwise equality with the CPU path, the caller's
 stream and CUDA-graph capture."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,7 +13,7 @@ from hypothesis import strategies as st
 import mlacore
 from mlacore import _mlacore
 
-from conftest import UNDER_SANITIZER, requires_cuda
+from conftest import kernels_in_fresh_process, requires_cuda
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -736,22 +732,10 @@ def test_gpu_fast_and_classic_kernels_in_a_fresh_process(kernel):
     # shape (and one the classic kernel takes) against the reference, and the profiler names the
     # kernels that ran. An H100/H200 runs the fast kernels unless told otherwise (a build without
     # sm_90 code fails here on purpose: its fast kernels are missing); other GPUs the classic one.
-    env = dict(os.environ, MLACORE_TESTS_DIR=os.path.dirname(os.path.abspath(__file__)))
-    env.pop("MLACORE_APPEND_KERNEL", None)
-    if kernel == "classic":
-        env["MLACORE_APPEND_KERNEL"] = "classic"
-    res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, timeout=300,
-                         check=False, env=env, cwd="/")
-    assert res.returncode == 0, res.stdout + res.stderr
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
-    assert len(line) == 1, res.stdout + res.stderr
-    ran = set(line[0].split()[1:])
-    if UNDER_SANITIZER and not ran:
-        # The child checked every result; CUPTI records no kernels under compute-sanitizer.
-        pytest.skip("results checked; under compute-sanitizer the profiler sees no kernels to name")
+    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_APPEND_KERNEL", "classic" if kernel == "classic" else None)
     fast = kernel == "default" and torch.cuda.get_device_capability() == (9, 0)
     want = {"warp", "bulk", "classic"} if fast else {"classic"}
-    assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {res.stdout}"
+    assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {sorted(ran)}"
 
 
 @requires_cuda

@@ -6,9 +6,6 @@ run the tensor-core kernel and the portable kernel at small and benchmark shapes
 """
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +14,7 @@ import mlacore
 from mlacore import _decode, _mlacore
 
 from _schedule import host_schedule
-from conftest import UNDER_SANITIZER, requires_cuda
+from conftest import UNDER_SANITIZER, kernels_in_fresh_process, requires_cuda
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -371,23 +368,12 @@ def test_gpu_64_row_tiles_by_either_kernel_in_a_fresh_process(kernel):
     # qo_len > 16) run the wgmma kernel on an sm_90a build and the mma.sync kernel's 64-row
     # configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma: a fresh interpreter checks
     # that configuration against the reference, and the profiler names the kernel that ran.
-    env = dict(os.environ, MLACORE_TESTS_DIR=os.path.dirname(os.path.abspath(__file__)))
-    env.pop("MLACORE_DECODE_KERNEL", None)
-    if kernel == "mma":
-        env["MLACORE_DECODE_KERNEL"] = "mma"
-    res = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, timeout=300,
-                         check=False, env=env, cwd="/")
-    assert res.returncode == 0, res.stdout + res.stderr
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("kernels:")]  # the profiler logs too
-    assert len(line) == 1, res.stdout + res.stderr
-    ran = set(line[0].split()[1:]) - {"other"}  # "other": the combine
-    if UNDER_SANITIZER and not ran:
-        # The child checked every result; CUPTI records no kernels under compute-sanitizer.
-        pytest.skip("results checked; under compute-sanitizer the profiler sees no kernels to name")
+    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_DECODE_KERNEL", "mma" if kernel == "mma" else None,
+                                   ignore=("other",))  # "other": the combine
     # Every shape above has 64-row tiles; H100/H200 run them with wgmma unless told otherwise (a
     # build without sm_90a code for them fails here on purpose: its fast kernel is missing).
     want = "wgmma" if kernel == "default" and torch.cuda.get_device_capability() == (9, 0) else "mma"
-    assert ran == {want}, f"expected only the {want} kernel for 64-row tiles, the profiler saw: {res.stdout}"
+    assert ran == {want}, f"expected only the {want} kernel for 64-row tiles, the profiler saw: {sorted(ran)}"
 
 
 @requires_cuda

@@ -471,15 +471,11 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     const Verdict v = exchange_verdict(host_in, layout_, staged.totals, tiles_.data());
     exchange.publish(v.chunk_tiles);
     ++stats_.host_to_device;
-    info_.batch = static_cast<int32_t>(in.batch);
-    info_.num_work = static_cast<int32_t>(v.num_work);
-    info_.num_partials = static_cast<int32_t>(v.num_partials);
-    info_.max_qo_len = static_cast<int32_t>(v.totals.max_qo_len);
-    info_.max_kv_len = static_cast<int32_t>(v.totals.max_kv_len);
-    info_.chunk_tokens = static_cast<int32_t>(v.chunk_tiles * kDecodeTileTokens);
-    info_.total_qo = static_cast<int32_t>(staged.total_qo);
-    info_.error = 0;
-    info_.on_host = true;
+    // The header the kernel writes, by the same function, for the info.
+    int32_t header[kHdrSize];
+    write_header(header, v.num_work, v.num_partials, in.batch, v.totals, v.chunk_tiles * kDecodeTileTokens,
+                 staged.total_qo, 0);
+    record_info(header);
     return;
   }
   // Host inputs: schedule into the pinned region, one async H2D copy. The
