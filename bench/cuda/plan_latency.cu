@@ -14,9 +14,14 @@
 //   memops3 three cudaMemcpyAsync D2H + cuStreamBatchMemOp(write, wait) + H2D
 //   memopsB one cudaMemcpyBatchAsync for the three D2H + memop + H2D
 //   api_*   the host cost of single calls (the stream drained every 64 calls)
+//   launch paths  the empty kernel's launch call through <<<>>>, cudaLaunchKernelEx and the
+//           driver's cuLaunchKernel (its CUfunction fetched once), and its round trip both ways
 // Measured on the H200 (2026-11-30): bare 6.5-7.4, launch 8.5-9.8, build 10.0-13.4 (1.4-2.0x bare),
 // memops3 19-24, memopsB 16.5-20.7, api d2h 1.7, h2d 2.8, launch 3.6-4.3: a kernel's round trip
 // alone costs 1.3-1.4x a copy's here, and stream memory operations are slower still.
+// Session 9 (2026-12-02, docs/bench/h200-decode-s9.txt): launch call 2.99-3.97 us through the
+// runtime, 2.94-3.11 through cuLaunchKernel; empty round trip 8.0-9.0 against 7.9-8.2, bare
+// 6.3-6.5, build 10.9-12.2: the launch path is worth at most 0.1-0.9 us of the build's gap.
 //   copy3   three cudaMemcpyAsync D2H + sync + host schedule + H2D (no kernel, no memops)
 //   copyB   the same with one cudaMemcpyBatchAsync; bare3/bareB: the D2H copies + sync alone
 // (build with -lcuda for the prototype)
@@ -94,6 +99,9 @@ int main() {
   CHECK(cudaMalloc(&d_in, 3 * (kMaxBatch + 1) * 4));
   CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), (4096 + 8192) * 4, cudaHostAllocMapped));
   for (int i = 0; i < 4096; ++i) pinned[i] = 0;
+  cudaFunction_t empty_rt = nullptr;
+  CHECK(cudaGetFuncBySymbol(&empty_rt, reinterpret_cast<const void*>(empty_kernel)));
+  const CUfunction empty_fn = reinterpret_cast<CUfunction>(empty_rt);
   std::mt19937 g(0);
   std::printf("%6s %8s %8s %8s %8s %8s %8s\n", "batch", "bare", "launch", "build", "x bare", "dev", "host");
   for (int B : {1, 8, 16, 32, 64, 128, 256}) {
@@ -215,6 +223,22 @@ int main() {
     const double api_d2h = drained([&] { CHECK(cudaMemcpyAsync(pinned, d_in, bytes, cudaMemcpyDeviceToHost, stream)); });
     const double api_h2d = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, total * 4, cudaMemcpyHostToDevice, stream)); });
     const double api_launch = drained([&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+    // The same empty kernel through the driver API (its CUfunction fetched once):
+    // what the runtime's launch path costs above the driver's.
+    const double api_launch_drv = drained([&] {
+      if (cuLaunchKernel(empty_fn, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr) != CUDA_SUCCESS) std::exit(1);
+    });
+    const double launch_drv = us_per_call([&] {
+      if (cuLaunchKernel(empty_fn, 1, 1, 1, 32, 1, 1, 0, stream, nullptr, nullptr) != CUDA_SUCCESS) std::exit(1);
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.stream = stream;
+    const double api_launch_ex = drained([&] { CHECK(cudaLaunchKernelEx(&cfg, empty_kernel)); });
+    std::printf("%6d launch paths: api runtime %5.2f, cudaLaunchKernelEx %5.2f, cuLaunchKernel %5.2f; round trip runtime %5.2f, driver %5.2f\n",
+                B, api_launch, api_launch_ex, api_launch_drv, launch, launch_drv);
     const double api_h2d_small = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, 256, cudaMemcpyHostToDevice, stream)); });
     std::printf("%6d copies: bare3 %5.2f bareB %5.2f | copy3 %6.2f (%4.2fx) copyB %6.2f (%4.2fx) | api h2d 256B %5.2f, %lld B\n",
                 B, bare3, bareB, copy3, copy3 / bare, copyB, copyB / bare, api_h2d_small,
