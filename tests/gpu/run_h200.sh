@@ -4,8 +4,10 @@
 # then run the requested steps, writing logs under $OUT.
 #   bash tests/gpu/run_h200.sh "pytest mesontest bench:overhead,attn sanitizer"
 # Each step has its own time limit so one slow step cannot eat the call.
+# No argument runs "pytest bench"; an empty one ("") builds and installs only
+# (session 9 lost a call to "" meaning the default).
 set -uo pipefail
-STEPS=${1:-"pytest bench"}
+STEPS=${1-"pytest bench"}
 OUT=${OUT:-/tmp/mlacore-out}
 mkdir -p "$OUT"
 ROOT=$(pwd)
