@@ -22,8 +22,14 @@
 // Session 9 (2026-12-02, docs/bench/h200-decode-s9.txt): launch call 2.99-3.97 us through the
 // runtime, 2.94-3.11 through cuLaunchKernel; empty round trip 8.0-9.0 against 7.9-8.2, bare
 // 6.3-6.5, build 10.9-12.2: the launch path is worth at most 0.1-0.9 us of the build's gap.
+// Session 10 (docs/bench/h200-plan-s10.txt): signal 8.37-8.94 us (1.03-1.15x a bare 7.71-8.33),
+// signal+copy 8.74-9.52 (1.07-1.23x), build 12.83-14.31 (1.58-1.82x): the handshake fits the
+// 1.3x bar; the build's 3.5-5.4 us beyond signal+copy are its own work.
 //   copy3   three cudaMemcpyAsync D2H + sync + host schedule + H2D (no kernel, no memops)
 //   copyB   the same with one cudaMemcpyBatchAsync; bare3/bareB: the D2H copies + sync alone
+//   handshake  signal: a kernel that stores a flag to mapped memory on entry and spins until the
+//           host releases it, timed from the launch to the release (build()'s shape without its
+//           work); signal+copy: the same after storing the inputs into mapped memory
 // (build with -lcuda for the prototype)
 #include <mlacore/mlacore.h>
 
@@ -54,6 +60,22 @@
   } while (0)
 
 __global__ void empty_kernel() {}
+
+// The exchange's handshake without its work: thread 0 of one block tells the
+// host it runs (a store to mapped memory after a system-scope fence) and spins
+// until the host releases it. With `copy` it first stores the three inputs
+// into mapped memory, as the exchange kernel does, one element a thread.
+__global__ void signal_kernel(const int32_t* in, int32_t* staged, int n, volatile unsigned long long* flag,
+                              volatile unsigned long long* go, unsigned long long seq, bool copy) {
+  if (copy)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) staged[i] = in[i];
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  *flag = seq;
+  while (*go < seq) {
+  }
+}
 
 template <class F>
 double us_per_call(F&& f, int calls = 2000) {
@@ -239,6 +261,26 @@ int main() {
     const double api_launch_ex = drained([&] { CHECK(cudaLaunchKernelEx(&cfg, empty_kernel)); });
     std::printf("%6d launch paths: api runtime %5.2f, cudaLaunchKernelEx %5.2f, cuLaunchKernel %5.2f; round trip runtime %5.2f, driver %5.2f\n",
                 B, api_launch, api_launch_ex, api_launch_drv, launch, launch_drv);
+    // The handshake alone (signal), and with the inputs' copy into mapped memory (signal+copy):
+    // launch, wait for the kernel's flag, release it; no synchronization, as build() does.
+    unsigned long long* sig = reinterpret_cast<unsigned long long*>(pinned + 1536);  // [0] flag, [16] go
+    unsigned long long* sig_dev = nullptr;
+    CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&sig_dev), sig, 0));
+    int32_t* staged_dev = nullptr;
+    CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&staged_dev), host_in, 0));
+    static unsigned long long sig_seq = 0;
+    auto signal = [&](bool copy) {
+      ++sig_seq;
+      signal_kernel<<<1, 256, 0, stream>>>(d_in, staged_dev, 3 * B + 2, sig_dev, sig_dev + 16, sig_seq, copy);
+      while (__atomic_load_n(sig, __ATOMIC_ACQUIRE) != sig_seq) {
+      }
+      __atomic_store_n(sig + 16, sig_seq, __ATOMIC_RELEASE);
+    };
+    const double sig_only = us_per_call([&] { signal(false); });
+    const double sig_copy = us_per_call([&] { signal(true); });
+    CHECK(cudaStreamSynchronize(stream));
+    std::printf("%6d handshake: signal %5.2f (%4.2fx bare), signal+copy %5.2f (%4.2fx); build - signal+copy %5.2f\n", B,
+                sig_only, sig_only / bare, sig_copy, sig_copy / bare, build - sig_copy);
     const double api_h2d_small = drained([&] { CHECK(cudaMemcpyAsync(meta, sched, 256, cudaMemcpyHostToDevice, stream)); });
     std::printf("%6d copies: bare3 %5.2f bareB %5.2f | copy3 %6.2f (%4.2fx) copyB %6.2f (%4.2fx) | api h2d 256B %5.2f, %lld B\n",
                 B, bare3, bareB, copy3, copy3 / bare, copyB, copyB / bare, api_h2d_small,
