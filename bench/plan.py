@@ -1,10 +1,10 @@
 """Host time of MlaPlan.build against the round trips it replaces.
 
 Compared in the same run, per batch size:
-- `MlaPlan.build` on device inputs (one exchange kernel: it stores the inputs
-  into the plan's mapped pinned buffer, the host validates them there and
-  releases it with the split chunk, it writes the schedule into the metadata;
-  no memcpy, no sync);
+- `MlaPlan.build` on device inputs (one exchange kernel: it validates the
+  inputs, picks the split chunk, hands the host its verdict through the plan's
+  mapped pinned buffer and writes the schedule into the metadata; no memcpy,
+  no sync);
 - three blocking `.cpu()` copies followed by the same host schedule (what
   FlashInfer-style planners pay);
 - one bare pinned D2H copy of the same bytes + stream sync: the floor of any
@@ -123,7 +123,7 @@ def run(ctx):
                    f"({'met' if worst <= 1.3 else 'NOT met'})")
     t.notes.append(f"pinned allocations over the whole run: {stats['pinned_allocations']} (must be 1); "
                    f"stream syncs: {stats['stream_syncs']} (must be 0)")
-    t.notes.append("build: host time until the exchange kernel is released with the chunk; its placement of the "
+    t.notes.append("build: host time until the exchange kernel's verdict arrives; its placement of the "
                    "schedule into the metadata overlaps the next call")
     t.notes.append(f"page_size {PAGE_SIZE}, {NUM_HEADS} heads, qo_len 1, kv_len uniform in [1, 4096], int32 inputs")
     t.notes.append("host-input build: CPU inputs, GPU metadata (schedule + H2D upload, no round trip; back to back, "

@@ -1,7 +1,7 @@
 """MlaPlan: the decode schedule against a pure-Python model of the algorithm,
 its invariants, errors, and on a GPU the exchange kernel (one launch, no
-memcpy, no sync), its release on every error, the device-only build and
-CUDA-graph replay."""
+memcpy, no sync), its rejections leaving the metadata alone, the device-only
+build and CUDA-graph replay."""
 
 import faulthandler
 import os
@@ -18,15 +18,6 @@ from mlacore import _mlacore
 from mlacore._plan import PLAN_ERROR_INDPTR, PLAN_ERROR_INDPTR_START, PLAN_ERROR_KV_LEN
 
 from conftest import requires_cuda
-
-# CUDA_LAUNCH_BLOCKING / HIP_LAUNCH_BLOCKING / MLACORE_PLAN_SYNC (set, not "0"; the
-# core's launches_block()) turn the exchange off: build() gathers, synchronizes
-# and uploads, one stream sync per build. The sanitizer runs set MLACORE_PLAN_SYNC.
-PLAN_SYNC = any(os.environ.get(n, "")[:1] not in ("", "0")
-                for n in ("CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "MLACORE_PLAN_SYNC"))
-SYNCS_PER_BUILD = 1 if PLAN_SYNC else 0
-requires_exchange = pytest.mark.skipif(PLAN_SYNC, reason="the exchange is off (CUDA_LAUNCH_BLOCKING or "
-                                       "MLACORE_PLAN_SYNC): build() synchronizes instead")
 
 TILE = 64  # kDecodeTileTokens == kDecodeTileRows
 FIXED = 5  # kPlanFixedCostTiles
@@ -397,7 +388,7 @@ def _cuda_batch(seed, B, page_size=64, max_qo=1, dtype=torch.int32):
 
 @pytest.fixture
 def watchdog():
-    """A build whose kernel is never released hangs inside C++, where no
+    """A build whose kernel never raises its flag hangs inside C++, where no
     Python signal handler runs: faulthandler's own thread dumps the stacks and
     ends the process instead, so a hang fails the run instead of stalling it."""
     faulthandler.dump_traceback_later(120, exit=True)
@@ -427,10 +418,10 @@ def test_gpu_device_inputs_match_host_inputs_with_one_exchange(dtype, watchdog):
         host_plan.build(*tensors(*raw), 64, 16)
         assert torch.equal(plan.metadata.cpu(), host_plan.metadata)
         assert plan.info == host_plan.info
-        # One transfer each way, both done by the exchange kernel; no sync.
+        # One transfer, the kernel's verdict; the kernel writes the schedule itself; no sync.
         assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
-        assert after["host_to_device_copies"] - before["host_to_device_copies"] == 1
-        assert after["stream_syncs"] - before["stream_syncs"] == SYNCS_PER_BUILD
+        assert after["host_to_device_copies"] - before["host_to_device_copies"] == 0
+        assert after["stream_syncs"] - before["stream_syncs"] == 0
         # One pinned buffer for the plan's life, whatever the batch size.
         assert after["pinned_allocations"] == 1
         staging = staging or after["staging"]
@@ -438,11 +429,10 @@ def test_gpu_device_inputs_match_host_inputs_with_one_exchange(dtype, watchdog):
 
 
 @requires_cuda
-@requires_exchange
 def test_gpu_build_is_one_kernel_launch_without_memcpy_or_sync(watchdog):
-    # The exchange kernel stores the inputs into the plan's mapped pinned
-    # buffer and reads the host's chunk back from it: one launch, no memcpy
-    # in either direction, no stream synchronization.
+    # The exchange kernel stores its verdict into the plan's mapped pinned
+    # buffer and writes the schedule itself: one launch, no memcpy in either
+    # direction, no stream synchronization.
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     _, dev = _cuda_batch(1, 64)
     plan.build(*dev, 64, 16)  # warm: staging allocated
@@ -452,6 +442,8 @@ def test_gpu_build_is_one_kernel_launch_without_memcpy_or_sync(watchdog):
         plan.build(*dev, 64, 16)
         torch.cuda.synchronize()
     after = plan.stats
+    if not any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()):
+        pytest.skip("the profiler records no GPU activity here (CUPTI is taken, e.g. by compute-sanitizer)")
     names = [e.name for e in prof.events()]
     memcpys = [n for n in names if "emcpy" in n or "HtoD" in n or "DtoH" in n or "Pinned" in n]
     syncs = [n for n in names if "StreamSynchronize" in n or "EventSynchronize" in n]
@@ -480,6 +472,32 @@ def test_gpu_mixed_widths_and_strides_match_the_host(watchdog):
     assert torch.equal(plan.metadata.cpu(), host.metadata)
 
 
+
+@requires_cuda
+@pytest.mark.parametrize("B", [20, 80])
+def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watchdog):
+    # The exchange kernel picks the chunk in 32-bit arithmetic while the batch's tile and
+    # cost totals stay below 2^31, and through the shared 64-bit helpers beyond: requests
+    # near INT32_MAX tokens (2^25 tiles each) put 20 of them below the bound, 80 above.
+    # Both must choose what the host does; with 1024 SMs to fill both batches split (on the
+    # H200's 132, 80 such requests fill two waves whichever way they split: no split wins).
+    page_size = 1 << 16
+    kv_len = [2**31 - 1 - 4099 * b for b in range(B)]
+    pages = [-(-n // page_size) for n in kv_len]
+    kv = [0]
+    for p in pages:
+        kv.append(kv[-1] + p)
+    raw = (list(range(B + 1)), kv, kv_len)
+    tiles = sum(-(-n // TILE) for n in kv_len)
+    assert (tiles + FIXED * B < 2**31) == (B == 20)
+    plan = mlacore.MlaPlan("cuda", max_batch=B, num_sms=1024)
+    plan.build(*tensors(*raw, "cuda"), page_size, 16)
+    host = mlacore.MlaPlan("cpu", max_batch=B, num_sms=1024)
+    host.build(*tensors(*raw), page_size, 16)
+    assert torch.equal(plan.metadata.cpu(), host.metadata)
+    assert plan.info == host.info
+    assert host.info.num_partials > 0
+
 @requires_cuda
 def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
@@ -488,20 +506,19 @@ def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):
     first = plan.metadata.clone()
     with pytest.raises(ValueError, match="request 1"):
         plan.build(*tensors([0, 1, 2], [0, 2, 3], [100, 200], "cuda"), 64, 16)
-    torch.cuda.synchronize()  # returns: the rejected build's kernel was released
-    # The kernel was aborted before copying: a rejected batch never reaches
-    # the metadata tensor.
+    torch.cuda.synchronize()
+    # The kernel rejected the batch itself: it never reaches the metadata tensor.
     assert torch.equal(plan.metadata, first)
     plan.build(*good, 64, 16)
     assert torch.equal(plan.metadata, first)
 
 
 @requires_cuda
-def test_gpu_every_rejection_releases_the_kernel(watchdog):
-    # Each of these fails host validation after the exchange kernel is
-    # already spinning; each must release it (abort), and the next build on
-    # the same plan must work. A leak shows as a hang (watchdog) or as the
-    # metadata changing.
+def test_gpu_every_rejection_leaves_the_metadata_and_the_plan_usable(watchdog):
+    # Each of these is rejected by the exchange kernel and worded by the host
+    # from the inputs the kernel staged; the metadata must keep its contents
+    # and the next build on the same plan must work. A wrong verdict shows as
+    # a missing ValueError, a hang (watchdog) or the metadata changing.
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     raw_good, good = _cuda_batch(11, 6)
     want = _host_input_reference(plan, raw_good)
@@ -519,7 +536,7 @@ def test_gpu_every_rejection_releases_the_kernel(watchdog):
         for qo, kv, kv_len in bad:
             with pytest.raises(ValueError):
                 plan.build(*tensors(qo, kv, kv_len, "cuda"), 64, 16)
-            assert torch.equal(plan.metadata, want)  # .metadata read on the stream: after the aborted kernel
+            assert torch.equal(plan.metadata, want)  # .metadata read on the stream: after the rejecting kernel
     # Rejections on a side stream, then a good build on the default stream.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -532,7 +549,7 @@ def test_gpu_every_rejection_releases_the_kernel(watchdog):
     plan.build(*dev2, 64, 16)
     assert torch.equal(plan.metadata, _host_input_reference(plan, raw2))
     torch.cuda.synchronize()
-    del plan  # teardown after aborts waits for the device before freeing the staging buffer
+    del plan  # teardown after rejections
     torch.cuda.synchronize()
 
 
@@ -552,11 +569,10 @@ def test_gpu_back_to_back_builds_with_different_inputs(watchdog):
         assert torch.equal(meta, _host_input_reference(plan, raw))
     assert torch.equal(plan.metadata, _host_input_reference(plan, batches[-1][0]))
     assert plan.stats["pinned_allocations"] == 1
-    assert plan.stats["stream_syncs"] == SYNCS_PER_BUILD * 2 * len(batches)
+    assert plan.stats["stream_syncs"] == 0
 
 
 @requires_cuda
-@requires_exchange
 def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     raw_plan = plan._plan
@@ -569,8 +585,8 @@ def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda._sleep(1_000_000_000)  # the default stream is busy for ~0.5 s or more
     t0 = time.perf_counter()
-    # Alternating streams: the previous exchange kernel may still be copying
-    # its schedule on the other stream when the next build writes the next.
+    # Alternating streams: the previous exchange kernel may still be placing
+    # its schedule on the other stream when the next one starts.
     for i in range(2 * len(sets)):
         with torch.cuda.stream(s1 if i % 2 == 0 else s2):
             raw_plan.build(*sets[i % len(sets)][1], 64, 16, metas[i])
@@ -602,7 +618,7 @@ def test_gpu_device_input_build_waits_for_a_pending_host_input_upload(watchdog):
     torch.cuda._sleep(200_000_000)
     raw.build(*host_a, 64, 16, meta_a)  # upload queued behind the sleep
     raw.build(*dev_b, 64, 16, meta_b)   # exchange: its kernel too, so the host waits; then the upload's event
-    raw.build(*host_a, 64, 16, meta_c)  # host inputs right after an exchange (its kDone)
+    raw.build(*host_a, 64, 16, meta_c)  # host inputs right after an exchange
     torch.cuda.synchronize()
     assert torch.equal(meta_a, want_a)
     assert torch.equal(meta_b, want_b)
@@ -624,7 +640,7 @@ def test_gpu_many_builds_in_a_loop(watchdog):
     assert torch.equal(plan.metadata, _host_input_reference(plan, sets[(n - 1) % len(sets)][0]))
     after = plan.stats
     assert after["device_to_host_copies"] - before["device_to_host_copies"] == n
-    assert after["stream_syncs"] - before["stream_syncs"] == SYNCS_PER_BUILD * n
+    assert after["stream_syncs"] - before["stream_syncs"] == 0
     assert after["pinned_allocations"] == 1
 
 
@@ -768,12 +784,13 @@ def test_gpu_device_mismatch_errors():
 
 
 @requires_cuda
-def test_gpu_blocking_launches_fall_back_to_gather_sync_upload():
-    """Under CUDA_LAUNCH_BLOCKING-like settings the handshake could never start (the launch waits for
-    its kernel, the kernel for the host): the build gathers, synchronizes and uploads instead. A fresh
-    process, since the setting is read once."""
+def test_gpu_blocking_launches_still_exchange():
+    """With CUDA_LAUNCH_BLOCKING=1 a launch returns only once its kernel has ended; the exchange
+    kernel never waits for the host, so its flag is already there: the same metadata, a
+    rejection still raised, no stream synchronization. A fresh process, since the setting is
+    read at context creation."""
     code = (
-        "import torch, mlacore\n"
+        "import torch, mlacore, pytest\n"
         "dev = torch.device('cuda')\n"
         "kv_len = torch.tensor([5, 0, 300, 64], dtype=torch.int32)\n"
         "pages = (kv_len + 15) // 16\n"
@@ -785,8 +802,11 @@ def test_gpu_blocking_launches_fall_back_to_gather_sync_upload():
         "b.build(qo, kv, kv_len, 16, 16)\n"
         "torch.cuda.synchronize()\n"
         "assert torch.equal(a.metadata, b.metadata)\n"
-        "assert a.stats['stream_syncs'] == 1, a.stats\n"
+        "with pytest.raises(ValueError, match='request 0'):\n"
+        "    a.build(qo.cuda(), kv.cuda(), (kv_len + 100).cuda(), 16, 16)\n"
+        "assert torch.equal(a.metadata, b.metadata)\n"
+        "assert a.stats['stream_syncs'] == 0, a.stats\n"
         "print('ok')\n")
-    env = dict(os.environ, MLACORE_PLAN_SYNC="1")
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]

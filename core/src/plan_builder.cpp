@@ -186,10 +186,10 @@ int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout,
   const int64_t no_split = t.no_split_tiles();
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
   if (splits_nothing(cb, t)) return no_split;
+  const CandidateChunks chunks = candidate_chunks(cb, no_split);
+  const int64_t* chunk_of = chunks.tiles;
   CandidateCtas cand;
-  int64_t chunk_of[kPlanCandidates];
   for (int i = 0; i < kPlanCandidates; ++i) {
-    chunk_of[i] = candidate_tiles(i, cb, no_split);
     int same = -1;
     for (int j = 0; j < i; ++j)
       if (chunk_of[j] == chunk_of[i]) same = j;
@@ -206,12 +206,10 @@ int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout,
     }
     cand.ctas[i] = ctas;
   }
-  return pick_chunk_tiles(cand, cb, no_split, in.num_sms);
+  return pick_chunk_tiles(cand, chunks, no_split, in.num_sms);
 }
 
-// What the host decides for a validated batch: everything of the header, with
-// which place_schedule() on the exchange kernel writes the same metadata as
-// the host placement below.
+// What the host decides for a validated batch: the header's counts.
 struct Verdict {
   ScheduleTotals totals;
   int64_t chunk_tiles = 1;
@@ -308,25 +306,6 @@ Verdict verdict_host(const ScheduleInputs& in, const ScheduleLayout& layout, Req
     out = count_work(in, t, host_chunk_tiles(in, layout, t, tiles), tiles);
   });
   return out;
-}
-
-// The host's half of the exchange, from the totals the kernel reduced over
-// the inputs it staged. The kernel flags exactly what scan_requests() and
-// check_scalars() reject (request_shape(), the start check), so only a flagged
-// batch needs the host's pass for its message. A batch that splits nothing
-// needs no pass at all; one that splits needs every request's tiles for the
-// candidates, read from the staged copy as before.
-Verdict exchange_verdict(const ScheduleInputs& staged, const ScheduleLayout& layout, const ScheduleTotals& t,
-                         RequestTiles* tiles) {
-  check_scalar_args(staged, layout);
-  if (t.error != 0) {
-    verdict_host(staged, layout, tiles);  // throws, naming the request
-    runtime_error("plan: the exchange kernel flagged the inputs (error bits ", t.error,
-                  ") but the host's validation accepts them");
-  }
-  if (splits_nothing(chunk_bounds(t, staged.num_sms, layout.max_work), t))
-    return count_work(staged, t, t.no_split_tiles(), tiles);  // one item a request: reads no tiles
-  return verdict_host(staged, layout, tiles);
 }
 
 }  // namespace
@@ -427,12 +406,11 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   const size_t schedule_bytes = static_cast<size_t>(layout_.total() * 4);
 
   if (inputs_at == Where::GPU) {
-    // The exchange: one kernel stores the inputs into the mapped staging
-    // buffer, the host validates them there and picks the chunk, the kernel
-    // places the work items into the metadata tensor. One launch, no memcpy,
-    // no stream synchronization; this thread blocks only until the stream
-    // reaches the kernel, as any round trip does, and spends no time on the
-    // placement, the part of the schedule that writes the whole metadata.
+    // The exchange: one kernel validates the inputs, picks the chunk, hands
+    // the verdict to this thread through the mapped staging buffer and places
+    // the work items into the metadata tensor. One launch, no memcpy, no
+    // stream synchronization; this thread blocks only until the stream
+    // reaches the kernel and it has decided, as any round trip does.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
@@ -441,40 +419,27 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     host_in.qo_indptr = IndexView{inputs, 1, in.qo_indptr.is64};
     host_in.kv_indptr = IndexView{inputs + off_kv, 1, in.kv_indptr.is64};
     host_in.kv_len = IndexView{inputs + off_len, 1, in.kv_len.is64};
-    if (plan_gpu::launches_block()) {
-      // The launch would not return while its kernel waits for us: gather,
-      // synchronize, then schedule and upload as for host inputs.
-      plan_gpu::gather_launch(staging_, in, static_cast<size_t>(off_kv), static_cast<size_t>(off_len), stream);
-      plan_gpu::sync_stream(staging_, stream);
-      ++stats_.device_to_host;
-      ++stats_.stream_syncs;
-      plan_gpu::staging_wait(staging_);
-      schedule_host(host_in, layout_, host_meta, tiles_.data());
-      record_info(host_meta);
-      plan_gpu::upload(staging_, meta.data(), schedule_bytes, stream);
-      ++stats_.host_to_device;
-      return;
-    }
+    // Scalars the kernel relies on, before it can see them.
+    check_scalar_args(in, layout_);
     const uint64_t seq = plan_gpu::exchange_launch(staging_, in, static_cast<size_t>(off_kv),
                                                    static_cast<size_t>(off_len), layout_, meta.ptr<int32_t>(),
                                                    stream);
-    // From here every way out releases the kernel (abort unless published).
-    plan_gpu::Exchange exchange(staging_, seq);
-    plan_gpu::exchange_wait_inputs(staging_, seq, stream);
+    const plan_gpu::StagedVerdict v = plan_gpu::exchange_wait(staging_, seq, stream);
     ++stats_.device_to_host;
-    // The previous exchange kernel, if it ran on another stream, may not have
-    // read its release yet (its kDone flag): publishing over it would hand it
-    // this build's chunk. Returns at once in the steady state.
-    plan_gpu::wait_reader(staging_);
-    const plan_gpu::StagedTotals staged = plan_gpu::exchange_totals(staging_);
-    // Throws ValueError: the guard aborts the kernel.
-    const Verdict v = exchange_verdict(host_in, layout_, staged.totals, tiles_.data());
-    exchange.publish(v.chunk_tiles);
-    ++stats_.host_to_device;
+    if (v.error != 0) {
+      // The kernel flags exactly what scan_requests() and check_scalars()
+      // reject, staged the inputs and left the metadata alone.
+      verdict_host(host_in, layout_, tiles_.data());  // throws, naming the request
+      runtime_error("plan: the exchange kernel flagged the inputs (error bits ", v.error,
+                    ") but the host's validation accepts them");
+    }
     // The header the kernel writes, by the same function, for the info.
+    ScheduleTotals maxima;
+    maxima.max_qo_len = v.max_qo_len;
+    maxima.max_kv_len = v.max_kv_len;
     int32_t header[kHdrSize];
-    write_header(header, v.num_work, v.num_partials, in.batch, v.totals, v.chunk_tiles * kDecodeTileTokens,
-                 staged.total_qo, 0);
+    write_header(header, v.num_work, v.num_partials, in.batch, maxima,
+                 static_cast<int64_t>(v.chunk_tiles) * kDecodeTileTokens, v.total_qo, 0);
     record_info(header);
     return;
   }

@@ -1,26 +1,32 @@
 // Plan metadata on the GPU: the mapped pinned staging buffer and its event,
-// the exchange kernel that trades the three inputs for the host's chunk through
-// that buffer and places the schedule itself (one launch, no memcpy, no stream
-// synchronization), and the device-only schedule kernel (build_schedule() run
-// by one block).
+// the exchange kernel that decides the schedule on the GPU, hands the host
+// its verdict through that buffer and places the schedule itself (one launch,
+// no memcpy, no stream synchronization), and the device-only schedule kernel
+// (build_schedule() run by one block).
 //
-// The exchange handshake (build() with device inputs), for sequence number s:
-//   device: inputs -> staging; totals (validation bits included) -> ctl[kTotals]; fence.sys;
-//           ctl[kInputsReady] = s; spin on ctl[kScheduleReady]
-//   host:   spin until ctl[kInputsReady] == s (acquire); on error bits, validate the staged
-//           inputs for the message; pick the chunk (from the totals alone when nothing splits);
-//           ctl[kChunk] = chunk; ctl[kScheduleReady] = s (release), or s | kAbortBit on any error
-//   device: fence.sys; read ctl[kChunk]; fence.sys; ctl[kDone] = s; place the schedule into the metadata
-// Sequence numbers are 64-bit and grow by one per exchange, so a flag left
-// over from an earlier build never equals the current one.
+// The exchange (build() with device inputs), for sequence number s:
+//   device: totals (validation bits included) and, when something splits, the
+//           candidates' counts, each in one block reduction; the chunk; on an
+//           error bit the inputs -> staging (for the host's message) and a
+//           system fence; the verdict -> ctl[kVerdict..], each word tagged
+//           with s; unless rejected, place the schedule into the metadata
+//   host:   spin until every verdict word carries s; on error bits, validate
+//           the staged inputs for the ValueError; the info from the verdict
+// Sequence numbers grow by one per exchange, so a word left over from an
+// earlier build never carries the current one (the tag is 32 bits: 2^32
+// builds apart, and every build rewrites all the words).
 //
-// The host keeps only what must be on the host: the ValueErrors and the chunk,
-// which the kernel would take microseconds to pick (the candidates' 64-bit
-// divisions run in one thread there). The placement, which writes every int32
-// of the metadata, runs on the kernel's 256 threads instead of one host
-// thread, and the schedule no longer crosses the bus. At batch 256 the host
-// did 1.5-2.3 us of passes over the staged inputs; with the totals it does
-// none unless the batch splits.
+// The kernel never waits for the host. Session 11's trace of the earlier
+// handshake (the host picked the chunk and released the kernel with it) put
+// 2.3-3.3 us of kernel time before the flag and a 0.8-1.3 us host pass over
+// the staged inputs whenever the batch split. Here the tagged words replace
+// the 0.74 us fence, and the decision is written for latency, since one block
+// runs it once per build with the host waiting: warp 0 alone for batches it
+// holds whole (no barrier), one barrier per reduction otherwise, every load
+// issued up front, and the chunk's divisions in 32 bits without branches
+// between them (session 12: 2.4-2.9 us from entry to the verdict with
+// branchy 32-bit divisions, 3.2-3.9 us with the checked shared helpers;
+// docs/bench/h200-plan-s12.txt).
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -56,20 +62,14 @@ namespace mlacore::plan_gpu {
 
 namespace {
 
-// 64-bit words of the control block, which follows the inputs region. The
-// device writes kInputsReady and kDone, the host kScheduleReady: they sit on
-// different 128-byte lines so a host store never shares a line the PCIe
-// writes of the device land on.
-constexpr int kInputsReady = 0;
-constexpr int kDone = 1;           // the last kernel released with a chunk has read it
-constexpr int kTotals = 2;         // StagedTotals (8 words), written before kInputsReady
-constexpr int kScheduleReady = 16;  // 128 bytes further
-constexpr int kChunk = 17;          // the chunk in tiles, written before kScheduleReady
-static_assert(kTotals * 8 + sizeof(StagedTotals) <= kScheduleReady * 8, "the totals fit the device's line");
-constexpr size_t kControlBytes = 256;
-// Set in kScheduleReady next to the sequence number: "no schedule, leave the
-// metadata alone and exit". Sequence numbers never reach 2^63.
-constexpr unsigned long long kAbortBit = 1ull << 63;
+// 64-bit words of the control block, which follows the inputs region, on one
+// 128-byte line the device writes and the host only reads: the verdict's
+// kVerdictWords words, each (sequence number mod 2^32) << 32 | value.
+constexpr int kVerdict = 0;
+constexpr int kVerdictWords = 7;
+constexpr unsigned long long kTagMask = 0xffffffffull;
+constexpr size_t kControlBytes = 128;
+static_assert(kVerdict + kVerdictWords <= 16, "the verdict fits the line");
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -104,8 +104,9 @@ struct Staging {
   gpuEvent_t uploaded{};  // recorded after each host-input upload that reads `host`
   bool pending = false;
   uint64_t seq = 0;       // the last sequence number handed to an exchange kernel
-  uint64_t reader = 0;    // the last exchange kernel released with a chunk (it reads kChunk)
-  bool aborted = false;   // an exchange kernel was released without one: it may still be polling
+  // An exchange kernel whose flag the host never saw (its wait threw): it may
+  // still be queued, and would write the inputs region and the control line.
+  uint64_t unseen = 0;
 
   uint64_t* control() { return reinterpret_cast<uint64_t*>(static_cast<char*>(host) + control_offset); }
 };
@@ -117,9 +118,9 @@ Staging* staging_create(int device, size_t schedule_bytes, size_t input_bytes) {
   s->inputs_offset = round_up(schedule_bytes, 16);
   s->control_offset = round_up(s->inputs_offset + input_bytes, 128);
   s->bytes = s->control_offset + kControlBytes;
-  // Mapped, so the exchange kernel stores the inputs into it and reads the
-  // schedule back from it directly: one launch where a D2H copy, a sync and
-  // an H2D copy took three stream operations, each with its own latency.
+  // Mapped, so the exchange kernel stores its verdict (and rejected inputs)
+  // into it directly: one launch where a D2H copy, a sync and an H2D copy
+  // took three stream operations, each with its own latency.
   gpuError_t err = gpuHostAllocMapped(&s->host, s->bytes);
   if (err != gpuSuccess) {
     delete s;
@@ -142,13 +143,12 @@ void staging_destroy(Staging* s) noexcept {
   // An upload may still read the buffer; freeing it under the copy would
   // hand the DMA engine freed memory.
   if (s->pending) (void)gpuEventSynchronize(s->uploaded);
-  // So may an exchange kernel: the last one released with a chunk until
-  // it writes kDone, and one released with the abort value until it has seen
-  // it (nothing reports that back). Both always finish, having been released,
-  // so waiting for the device is bounded; it is rare (plan teardown).
-  // No DeviceGuard: it throws, and this runs in destructors, at interpreter
-  // exit too, when the runtime may already be unloading (errors ignored).
-  if (s->aborted || (s->reader != 0 && load_acquire(s->control() + kDone) < s->reader)) {
+  // So may an exchange kernel whose flag was never seen. It never waits for
+  // the host, so waiting for the device is bounded; it is rare (a build that
+  // failed while waiting). No DeviceGuard: it throws, and this runs in
+  // destructors, at interpreter exit too, when the runtime may already be
+  // unloading (errors ignored).
+  if (s->unseen != 0 && (load_acquire(s->control() + kVerdict) >> 32) != (s->unseen & kTagMask)) {
     int previous = 0;
     if (gpuGetDevice(&previous) == gpuSuccess) {
       if (previous != s->device) (void)gpuSetDevice(s->device);
@@ -177,28 +177,6 @@ void staging_wait(Staging* s) {
     gpu::check(status, "plan: querying the previous metadata upload");
   }
   s->pending = false;
-}
-
-void wait_reader(Staging* s) {
-  // Same stream: the reader finished before the current kernel started (stream
-  // order), so the first load already sees kDone. Another stream: the reader
-  // is resident and released, so it finishes within microseconds.
-  if (s->reader == 0) return;
-  const uint64_t* done = s->control() + kDone;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (load_acquire(done) < s->reader) {
-    cpu_relax();
-    const auto waited = std::chrono::steady_clock::now() - t0;
-    if (waited > kSpinOnly) std::this_thread::yield();
-    if (waited > std::chrono::seconds(1)) {
-      // Never in a healthy context; a dead one would leave kDone unwritten.
-      // Once the device is idle no kernel reads the release words.
-      gpu::DeviceGuard guard(s->device);
-      gpu::check(gpuDeviceSynchronize(), "plan: waiting for the previous exchange kernel");
-      break;
-    }
-  }
-  s->reader = 0;
 }
 
 void refuse_capture(void* stream, const char* what) {
@@ -317,100 +295,361 @@ struct ExchangeArgs {
   char* inputs;           // mapped: qo_indptr, kv_indptr at +off_kv, kv_len at +off_len
   int64_t off_kv, off_len;
   int32_t* meta;          // device: the plan's metadata tensor
-  unsigned long long* control;  // mapped control block
+  unsigned long long* control;  // mapped control line
   unsigned long long seq;
-  bool handshake;               // false: store the inputs and end (launches_block())
+  // Reciprocals by which the kernel divides by num_sms and by max_work - batch
+  // without a division instruction (magic_of()).
+  uint64_t sms_magic, spare_magic;
 };
 
-__device__ __forceinline__ unsigned long long load_volatile(const unsigned long long* p) {
-  return *static_cast<const volatile unsigned long long*>(p);
+// floor(n / d) from m = ceil(2^64 / d) (the host's Divider): exact for n * d <
+// 2^64, one multiply-high where a 32-bit division is a dozen dependent
+// instructions. m == 0 stands for d == 1.
+MLACORE_HD uint64_t magic_of(uint64_t d) { return d > 1 ? ~uint64_t{0} / d + 1 : 0; }
+
+// Warp-wide reductions of 32-bit words, the result on every lane: one
+// redux.sync each on sm_80+ (no chain of shuffles), shuffles elsewhere.
+#if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned warp_sum(unsigned v) { return __reduce_add_sync(0xffffffffu, v); }
+__device__ __forceinline__ unsigned warp_max(unsigned v) { return __reduce_max_sync(0xffffffffu, v); }
+__device__ __forceinline__ unsigned warp_or(unsigned v) { return __reduce_or_sync(0xffffffffu, v); }
+#elif defined(MLACORE_DEVICE_PASS)
+__device__ __forceinline__ unsigned lane_xor(unsigned v, int m) {
+  return static_cast<unsigned>(gpu::warp_shfl_xor(static_cast<long long>(v), m));
 }
-__device__ __forceinline__ void store_volatile(unsigned long long* p, unsigned long long v) {
-  *static_cast<volatile unsigned long long*>(p) = v;
+__device__ __forceinline__ unsigned warp_sum(unsigned v) {
+  for (int m = kWarp / 2; m > 0; m >>= 1) v += lane_xor(v, m);
+  return v;
+}
+__device__ __forceinline__ unsigned warp_max(unsigned v) {
+  for (int m = kWarp / 2; m > 0; m >>= 1) {
+    const unsigned o = lane_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+__device__ __forceinline__ unsigned warp_or(unsigned v) {
+  for (int m = kWarp / 2; m > 0; m >>= 1) v |= lane_xor(v, m);
+  return v;
+}
+#else  // the host pass of a device-only function: never called
+__device__ __forceinline__ unsigned warp_sum(unsigned v) { return v; }
+__device__ __forceinline__ unsigned warp_max(unsigned v) { return v; }
+__device__ __forceinline__ unsigned warp_or(unsigned v) { return v; }
+#endif
+
+// The decision runs on warp 0 alone when the batch fits it (no barrier, no
+// shared memory: every reduction is a redux.sync whose result every lane
+// holds), else on all warps with one barrier per reduction: each warp leaves
+// its partials in its own slot and, after the barrier, finishes the
+// reduction itself from the slots (lane w reading warp w's), so no second
+// barrier hands a result back. Everything here sits between the kernel's
+// entry and the host's flag.
+struct Reducer {
+  unsigned* slots;  // kScheduleWarps * N words for this one reduction, or null: warp 0 alone
+  int lane, warp;
+
+  // NS sums, then NM maxima, then NO ors of 32-bit words; every word >= 0,
+  // so 0 is each operation's identity.
+  template <int NS, int NM, int NO>
+  __device__ __forceinline__ void operator()(unsigned (&v)[NS + NM + NO]) const {
+    constexpr int N = NS + NM + NO;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = k < NS ? warp_sum(v[k]) : k < NS + NM ? warp_max(v[k]) : warp_or(v[k]);
+    if (slots == nullptr) return;
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) slots[warp * N + k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = lane < kScheduleWarps ? slots[lane * N + k] : 0u;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = k < NS ? warp_sum(v[k]) : k < NS + NM ? warp_max(v[k]) : warp_or(v[k]);
+  }
+};
+
+// A non-negative int64 as three 22-bit pieces: a piece's sum over 256
+// threads stays below 2^30, and the pieces reassemble the exact sum.
+constexpr int kPieces = 3;
+__device__ __forceinline__ void split64(unsigned* w, int64_t x) {
+  const uint64_t u = static_cast<uint64_t>(x);
+  w[0] = static_cast<unsigned>(u & 0x3fffff);
+  w[1] = static_cast<unsigned>((u >> 22) & 0x3fffff);
+  w[2] = static_cast<unsigned>(u >> 44);
+}
+__device__ __forceinline__ int64_t join64(const unsigned* w) {
+  return static_cast<int64_t>(static_cast<uint64_t>(w[0]) + (static_cast<uint64_t>(w[1]) << 22) +
+                              (static_cast<uint64_t>(w[2]) << 44));
 }
 
-// The backoff between two polls of kScheduleReady. Each poll is a read
-// across the bus (~1 us); a short sleep keeps the spinning warp from flooding
-// it, capped so the release is seen at most ~1 us late.
-__device__ __forceinline__ void poll_backoff(int polls) {
-#if defined(MLACORE_GPU_CUDA)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  __nanosleep(polls < 32 ? 100 : 1000);
-#else
-  (void)polls;
-#endif
-#else
-  // s_sleep takes a constant: about 64 * 2 clocks.
-  (void)polls;
-#if defined(__HIP_DEVICE_COMPILE__)
-  __builtin_amdgcn_s_sleep(2);
-#endif
-#endif
+// A thread's share of the batch: request tid, whose shape stays in registers
+// for the candidate pass, and (batches over 256 only) every kScheduleThreads-th
+// one after it, reloaded there.
+struct Share {
+  RequestShape first;
+  bool has_first;
+};
+
+// The chunk and the items and partials it gives, for the verdict.
+struct ChunkCounts {
+  int64_t chunk, items, partials;
+};
+
+// Totals for which every quantity of the chunk's choice stays below 2^31:
+// the CTA counts too, which never exceed the cost (a request's items are at
+// most its KV tiles, or 1 for an empty one, below its fixed cost of 5).
+// Far beyond any real batch (2^31 tiles of 64 tokens each).
+__device__ __forceinline__ bool narrow_totals(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
+  constexpr int64_t kNarrow = int64_t{1} << 31;
+  return t.cost < kNarrow && t.kv_tiles < kNarrow && num_sms < kNarrow && max_work < kNarrow;
 }
 
-// One block: gathers the three (possibly strided) vectors into the mapped
-// staging buffer at their own widths and reduces the batch's totals (the
-// validation included: their error bits), hands both to the host, and,
-// released with the host's chunk, places the schedule into the metadata
-// tensor (released with the abort value it leaves the metadata alone).
-// Kernels after it on the stream read the metadata in stream order. The host
-// waits on it, so it asks for little: 256 threads, 520 bytes of shared memory.
-__global__ void __launch_bounds__(kScheduleThreads) plan_exchange(ExchangeArgs a) {
-  __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];
-  __shared__ long long chunk;
-  const int64_t n = a.in.batch + 1;
-  for (int64_t i = threadIdx.x; i < 3 * n; i += kScheduleThreads) {
-    if (i < n)
-      copy_index(a.in.qo_indptr, i, a.inputs);
-    else if (i < 2 * n)
-      copy_index(a.in.kv_indptr, i - n, a.inputs + a.off_kv);
-    else if (i - 2 * n < a.in.batch)
-      copy_index(a.in.kv_len, i - 2 * n, a.inputs + a.off_len);
+__device__ __forceinline__ uint32_t ceil_div32(uint32_t a, uint32_t b) { return (a + b - 1u) / b; }
+// ceil(n / d) for n, d < 2^31 from d's magic.
+__device__ __forceinline__ uint32_t ceil_by_magic(uint32_t n, uint64_t m) {
+  if (m == 0) return n;
+  const uint64_t q = __umul64hi(static_cast<uint64_t>(n) + 0xffffffffffffffffull, m);  // floor((n - 1) / d)
+  return n == 0 ? 0u : static_cast<uint32_t>(q) + 1u;
+}
+
+// schedule_chunk_tiles() for narrow totals in 32-bit arithmetic, with the
+// same results as the shared helpers (chunk_bounds, candidate_chunks,
+// splits_of, pick_chunk_tiles), written without branches so that each stage's
+// divisions issue together, and dividing by num_sms and the spare work through
+// the host's reciprocals: three division latencies deep (s0, the candidates,
+// the per-request splits), where the helpers' checked divisions ran one after
+// another (2.1 us of the kernel's 3.2-3.9 us before its verdict, session 12).
+// All operands stay below 2^31, so no sum or product below overflows its width.
+__device__ __forceinline__ ChunkCounts chunk_narrow(const ScheduleInputs& in, const ScheduleLayout& layout,
+                                                   const ScheduleTotals& t, const Share& share,
+                                                   const Reducer& reduce, uint64_t sms_magic, uint64_t spare_magic) {
+  const uint32_t no_split = static_cast<uint32_t>(t.no_split_tiles());
+  const int64_t spare64 = layout.max_work - t.valid;
+  if (spare64 <= 0) return {no_split, in.batch, 0};  // chunk_bounds(): {no_split, no_split}
+  // An accepted batch's requests are all valid: spare is the host's max_work - batch.
+  const uint32_t cap_raw = ceil_by_magic(static_cast<uint32_t>(t.kv_tiles), spare_magic);
+  const uint32_t bal_raw = ceil_by_magic(static_cast<uint32_t>(t.cost), sms_magic);
+  const uint32_t cap = cap_raw < 1u ? 1u : cap_raw;
+  const uint32_t bal = bal_raw < cap ? cap : bal_raw;
+  const uint32_t balance = bal < no_split ? bal : no_split, capacity = cap < no_split ? cap : no_split;
+  if (balance >= no_split) return {no_split, in.batch, 0};  // splits_nothing()
+  const uint32_t s0 = ceil_div32(no_split, balance);
+  const uint32_t parts[kPlanCandidates] = {s0, s0 - 1u, s0 * 3u / 4u, s0 / 2u, 1u};
+  uint32_t chunk[kPlanCandidates];
+#pragma unroll
+  for (int i = 0; i < kPlanCandidates; ++i) {
+    const uint32_t c = ceil_div32(no_split, parts[i] < 1u ? 1u : parts[i]);
+    chunk[i] = c > capacity ? c : capacity;
   }
-  if (!a.handshake) {
-    // The host synchronizes the stream: kernel end publishes the stores.
-    return;
+  constexpr int K = kPlanCandidates;
+  uint32_t w[3 * K] = {};  // CTAs, items, partials per candidate
+  const auto count = [&](const RequestShape& r) {
+    const uint32_t kv = static_cast<uint32_t>(r.kv_tiles), q = static_cast<uint32_t>(r.q_tiles);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      // An empty request's one item as ceil(1 / chunk): no branch around the
+      // division, so the five issue together.
+      const uint32_t n = ceil_div32(kv + (kv == 0u ? 1u : 0u), chunk[i]);
+      w[i] += q * n;
+      w[K + i] += n;
+      w[2 * K + i] += n > 1u ? n : 0u;
+    }
+  };
+  if (share.has_first) count(share.first);
+#pragma unroll 1
+  for (int64_t b = threadIdx.x + kScheduleThreads; b < in.batch; b += kScheduleThreads)
+    count(request_shape(in, b, true));
+  reduce.operator()<3 * K, 0, 0>(w);
+  // pick_chunk_tiles(): the fewest waves times the per-CTA time, ties to the larger chunk.
+  uint32_t best = no_split;
+  uint64_t best_time = ~uint64_t{0};
+  int best_i = 0;
+#pragma unroll
+  for (int i = K - 1; i >= 0; --i) {
+    const uint64_t time = static_cast<uint64_t>(ceil_by_magic(w[i], sms_magic)) * (chunk[i] + kPlanFixedCostTiles);
+    const bool take = time < best_time || (time == best_time && chunk[i] > best);
+    best = take ? chunk[i] : best;
+    best_time = take ? time : best_time;
+    best_i = take ? i : best_i;
   }
-  // The totals come from the device's copy of the inputs (just loaded, so
-  // cache hits): with them the host needs no pass over the staged inputs at
-  // all when nothing splits, and one only then when it does.
-  const BlockExec ex{reinterpret_cast<unsigned char*>(smem)};
-  const bool starts_ok = schedule_starts_ok(a.in);
-  const ScheduleTotals t = schedule_totals(ex, a.in, starts_ok);
-  // The reduction's barriers order every thread's input stores before thread
-  // 0's fence (fences are cumulative over what a barrier made visible to
-  // thread 0); the system-scope fence orders them and the totals before the
-  // flag store for any observer, the host included. Host side: the acquire
-  // load of the flag.
-  if (threadIdx.x == 0) {
-    StagedTotals published{t, a.in.qo_indptr[a.in.batch]};
-    if (!starts_ok) published.totals.error |= kPlanErrorIndptrStart;
-    __builtin_memcpy(a.control + kTotals, &published, sizeof(published));
-    __threadfence_system();
-    store_volatile(a.control + kInputsReady, a.seq);
-    unsigned long long v;
-    for (int polls = 0;; ++polls) {
-      v = load_volatile(a.control + kScheduleReady);
-      // seq: the chunk is there. seq|abort: the host rejected the inputs.
-      // A larger number: the host has moved on to a later build, which it
-      // only does after releasing this one, so this one was aborted.
-      if ((v & ~kAbortBit) >= a.seq) break;
-      poll_backoff(polls);
+  uint32_t items = 0, partials = 0;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    items = i == best_i ? w[K + i] : items;
+    partials = i == best_i ? w[2 * K + i] : partials;
+  }
+  return {best, items, partials};
+}
+
+// The same for totals beyond 2^31, through the shared helpers themselves.
+__device__ __forceinline__ ChunkCounts chunk_wide(const ScheduleInputs& in, const ScheduleLayout& layout,
+                                               const ScheduleTotals& t, const Share& share, const Reducer& reduce2) {
+  const int64_t tid = threadIdx.x;
+  const int64_t no_split = t.no_split_tiles();
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
+  if (splits_nothing(cb, t)) return {no_split, in.batch, 0};
+  const CandidateChunks chunks = candidate_chunks(cb, no_split);
+  // The capacity bound keeps every candidate's items, and so its partials,
+  // below max_work < 2^31: one word each; the CTAs in pieces.
+  constexpr int K = kPlanCandidates;
+  int64_t ctas[K] = {};
+  unsigned items[K] = {}, parts[K] = {};
+  const auto count = [&](const RequestShape& r) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int64_t n = splits_of(r, chunks.tiles[i]);
+      ctas[i] += r.q_tiles * n;
+      items[i] += static_cast<unsigned>(n);
+      parts[i] += n > 1 ? static_cast<unsigned>(n) : 0u;
     }
-    // Acquire half of the handshake: the chunk read below is performed after
-    // the flag read above, so it sees what the host wrote before its release.
-    __threadfence_system();
-    chunk = v == a.seq ? static_cast<long long>(load_volatile(a.control + kChunk)) : 0;
-    if (chunk > 0) {
-      // The chunk's value is in hand (stored above) before kDone tells the
-      // host the release words are free again.
-      __threadfence_system();
-      store_volatile(a.control + kDone, a.seq);
+  };
+  if (share.has_first) count(share.first);
+#pragma unroll 1
+  for (int64_t b = tid + kScheduleThreads; b < in.batch; b += kScheduleThreads) count(request_shape(in, b, true));
+  unsigned c[(kPieces + 2) * K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    split64(c + kPieces * i, ctas[i]);
+    c[kPieces * K + i] = items[i];
+    c[(kPieces + 1) * K + i] = parts[i];
+  }
+  reduce2.operator()<(kPieces + 2) * K, 0, 0>(c);
+  CandidateCtas cand;
+#pragma unroll
+  for (int i = 0; i < K; ++i) cand.ctas[i] = join64(c + kPieces * i);
+  ChunkCounts out{pick_chunk_tiles(cand, chunks, no_split, in.num_sms), 0, 0};
+  // Candidates of equal chunks have equal counts: any match serves.
+#pragma unroll
+  for (int i = 0; i < K; ++i)
+    if (chunks.tiles[i] == out.chunk) {
+      out.items = c[kPieces * K + i];
+      out.partials = c[(kPieces + 1) * K + i];
     }
+  return out;
+}
+
+
+// schedule_totals() and, when something splits, schedule_chunk_tiles() with
+// the chosen chunk's item and partial counts, for the verdict. The same
+// shared helpers decide as on the host, so the same chunk, bit for bit.
+__device__ __forceinline__ StagedVerdict decide(const ScheduleInputs& in, const ScheduleLayout& layout,
+                                                const Reducer& reduce, Reducer reduce2, ScheduleTotals& t,
+                                                uint64_t sms_magic, uint64_t spare_magic) {
+  const int64_t tid = threadIdx.x;
+  Share share{};
+  share.has_first = tid < in.batch;
+  // Every load of the decision is issued here, before any depends on another.
+  if (share.has_first) share.first = request_shape(in, tid, true);
+  const int64_t total_qo = in.qo_indptr[in.batch];  // one broadcast load; lane 6 publishes it
+  const bool starts_ok = tid != 0 || (in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0);
+  ScheduleTotals local;
+  if (share.has_first) local.add(share.first);
+#pragma unroll 1
+  for (int64_t b = tid + kScheduleThreads; b < in.batch; b += kScheduleThreads) local.add(request_shape(in, b, true));
+  if (!starts_ok) local.error |= kPlanErrorIndptrStart;
+
+  unsigned w[2 * kPieces + 5];
+  split64(w, local.cost);
+  split64(w + kPieces, local.kv_tiles);
+  w[2 * kPieces] = static_cast<unsigned>(local.valid);
+  w[2 * kPieces + 1] = static_cast<unsigned>(local.max_kv_tiles);
+  w[2 * kPieces + 2] = static_cast<unsigned>(local.max_qo_len);
+  w[2 * kPieces + 3] = static_cast<unsigned>(local.max_kv_len);
+  w[2 * kPieces + 4] = static_cast<unsigned>(local.error);
+  reduce.operator()<2 * kPieces + 1, 3, 1>(w);
+  t.cost = join64(w);
+  t.kv_tiles = join64(w + kPieces);
+  t.valid = w[2 * kPieces];
+  t.max_kv_tiles = w[2 * kPieces + 1];
+  t.max_qo_len = w[2 * kPieces + 2];
+  t.max_kv_len = w[2 * kPieces + 3];
+  t.error = w[2 * kPieces + 4];
+
+  StagedVerdict v{};
+  v.error = static_cast<uint32_t>(t.error);
+  if (t.error != 0) return v;  // uniform: every thread holds the same totals
+  v.max_qo_len = static_cast<uint32_t>(t.max_qo_len);
+  v.max_kv_len = static_cast<uint32_t>(t.max_kv_len);
+  v.total_qo = static_cast<uint32_t>(total_qo);
+  const ChunkCounts cc = narrow_totals(t, in.num_sms, layout.max_work)
+                             ? chunk_narrow(in, layout, t, share, reduce2, sms_magic, spare_magic)
+                             : chunk_wide(in, layout, t, share, reduce2);
+  v.chunk_tiles = static_cast<uint32_t>(cc.chunk);
+  v.num_work = static_cast<uint32_t>(cc.items);
+  v.num_partials = static_cast<uint32_t>(cc.partials);
+  return v;
+}
+
+// The verdict's words, each tagged with the build's sequence number in its
+// high half, one word a lane of warp 0 (one store instruction): the host
+// takes the verdict once every word carries its number, so no word needs
+// ordering against another, and an accepted batch pays no system-scope fence
+// (a fence before a flag cost 0.74-0.80 us, session 11). A rejection fences
+// first: the staged inputs, which the host then reads, were stored before it
+// (ordered by the barrier or the warp's sync before this).
+__device__ __forceinline__ void publish_verdict(unsigned long long* words, unsigned long long seq,
+                                                const StagedVerdict& v, int lane) {
+  if (lane >= kVerdictWords) return;
+  if (v.error != 0) __threadfence_system();
+  const uint32_t value = lane == 0 ? v.error
+                         : lane == 1 ? v.chunk_tiles
+                         : lane == 2 ? v.num_work
+                         : lane == 3 ? v.num_partials
+                         : lane == 4 ? v.max_qo_len
+                         : lane == 5 ? v.max_kv_len
+                                     : v.total_qo;
+  *static_cast<volatile unsigned long long*>(words + lane) = ((seq & kTagMask) << 32) | value;
+}
+
+// One block: decides the schedule of the three (possibly strided) inputs,
+// hands the host the verdict (and, if it rejects them, the inputs at their
+// own widths for the message), and unless rejected places the schedule into
+// the metadata tensor. The same metadata as build_schedule(), bit for bit:
+// the shared helpers decide (chunk_narrow() restates them in 32 bits, held to
+// the host by test_plan), the same place_schedule() writes. Kernels
+// after it on the stream read the metadata in stream order; the host waits
+// only for the verdict, so everything before it is on the host's latency path.
+__global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArgs a) {
+  __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];  // place_schedule()'s collectives
+  __shared__ unsigned totals_slots[kScheduleWarps * (2 * kPieces + 5)];
+  __shared__ unsigned chunk_slots[kScheduleWarps * (kPieces + 2) * kPlanCandidates];
+  __shared__ StagedVerdict decided;
+  const ScheduleInputs& in = a.in;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  // Uniform over the block: warp 0 alone decides a batch it holds whole.
+  const bool one_warp = in.batch <= kWarp;
+  // Warp 0 always decides: thread 0, the only one place_schedule() asks for
+  // the totals (the header), holds them.
+  ScheduleTotals t;
+  if (!one_warp || warp == 0) {
+    const StagedVerdict v = decide(in, a.layout, Reducer{one_warp ? nullptr : totals_slots, lane, warp},
+                                   Reducer{one_warp ? nullptr : chunk_slots, lane, warp}, t, a.sms_magic,
+                                   a.spare_magic);
+    if (v.error != 0) {
+      const int64_t n = in.batch + 1;
+      const int64_t first = one_warp ? lane : threadIdx.x, step = one_warp ? kWarp : kScheduleThreads;
+#pragma unroll 1
+      for (int64_t i = first; i < 3 * n; i += step) {
+        if (i < n)
+          copy_index(in.qo_indptr, i, a.inputs);
+        else if (i < 2 * n)
+          copy_index(in.kv_indptr, i - n, a.inputs + a.off_kv);
+        else if (i - 2 * n < in.batch)
+          copy_index(in.kv_len, i - 2 * n, a.inputs + a.off_len);
+      }
+      if (one_warp)
+        gpu::warp_sync();
+      else
+        __syncthreads();
+    }
+    if (warp == 0) publish_verdict(a.control + kVerdict, a.seq, v, lane);
+    if (threadIdx.x == 0) decided = v;
   }
   __syncthreads();
-  if (chunk <= 0) return;  // aborted: the metadata keeps its contents
-  place_schedule(ex, a.in, a.layout, starts_ok, t, chunk, a.meta);
+  if (decided.error != 0) return;  // rejected: the metadata keeps its contents
+  place_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t,
+                 static_cast<int64_t>(decided.chunk_tiles), a.meta);
 }
 
 __global__ void __launch_bounds__(kScheduleThreads)
@@ -425,6 +664,11 @@ __global__ void __launch_bounds__(kScheduleThreads)
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
                          const ScheduleLayout& layout, int32_t* meta, void* stream) {
   gpu::DeviceGuard guard(s->device);
+  if (s->unseen != 0 && (load_acquire(s->control() + kVerdict) >> 32) != (s->unseen & kTagMask)) {
+    // An earlier kernel may still write the control line this one will use.
+    gpu::check(gpuDeviceSynchronize(), "plan: waiting for an earlier exchange kernel");
+  }
+  s->unseen = 0;
   ExchangeArgs a;
   a.in = in;
   a.layout = layout;
@@ -434,52 +678,44 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   a.meta = meta;
   a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
   a.seq = s->seq + 1;
-  a.handshake = true;
+  a.sms_magic = magic_of(static_cast<uint64_t>(in.num_sms));
+  a.spare_magic = layout.max_work > in.batch ? magic_of(static_cast<uint64_t>(layout.max_work - in.batch)) : 0;
   plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
-  // Only a launched kernel consumes its number; a failed launch leaves
-  // nothing spinning and nothing to release.
+  // Only a launched kernel consumes its number.
   s->seq = a.seq;
+  s->unseen = a.seq;
   return a.seq;
 }
 
-void gather_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* stream) {
-  gpu::DeviceGuard guard(s->device);
-  ExchangeArgs a{};
-  a.in = in;
-  a.layout = ScheduleLayout{0, 0};
-  a.inputs = static_cast<char*>(s->mapped) + s->inputs_offset;
-  a.off_kv = static_cast<int64_t>(off_kv);
-  a.off_len = static_cast<int64_t>(off_len);
-  a.handshake = false;
-  plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
-  gpu::check_launch("plan: plan_exchange (gather)");
+namespace {
+// The verdict of kernel `seq` once all its words carry the number, else false.
+bool take_verdict(const uint64_t* words, uint64_t seq, StagedVerdict& v) {
+  uint64_t w[kVerdictWords];
+  for (int k = 0; k < kVerdictWords; ++k) {
+    w[k] = load_acquire(words + k);
+    if ((w[k] >> 32) != (seq & kTagMask)) return false;
+  }
+  const auto value = [&](int k) { return static_cast<uint32_t>(w[k]); };
+  v = StagedVerdict{value(0), value(1), value(2), value(3), value(4), value(5), value(6)};
+  return true;
 }
+}  // namespace
 
-bool launches_block() {
-  static const bool blocking = [] {
-    for (const char* name : {"CUDA_LAUNCH_BLOCKING", "HIP_LAUNCH_BLOCKING", "MLACORE_PLAN_SYNC"}) {
-      const char* v = std::getenv(name);
-      if (v != nullptr && v[0] != '\0' && v[0] != '0') return true;
-    }
-    return false;
-  }();
-  return blocking;
-}
-
-void sync_stream(Staging* s, void* stream) {
-  gpu::DeviceGuard guard(s->device);
-  gpu::check(gpuStreamSynchronize(gpu::as_stream(stream)), "plan: waiting for the inputs");
-}
-
-void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream) {
-  const uint64_t* flag = s->control() + kInputsReady;
-  if (load_acquire(flag) == seq) return;
+StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream) {
+  const uint64_t* words = s->control() + kVerdict;
+  StagedVerdict v;
+  const auto seen = [&] {
+    if (!take_verdict(words, seq, v)) return false;
+    s->unseen = 0;
+    return true;
+  };
+  if (seen()) return v;
   const auto t0 = std::chrono::steady_clock::now();
   auto next_check = t0 + kHealthCheck;
   for (unsigned polls = 1;; ++polls) {
     cpu_relax();
-    if (load_acquire(flag) == seq) return;
+    if (seen()) return v;
     if (polls % 16 != 0) continue;
     const auto now = std::chrono::steady_clock::now();
     if (now - t0 > kSpinOnly) std::this_thread::yield();
@@ -494,30 +730,10 @@ void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream) {
       continue;
     }
     gpu::check(status, "plan: waiting for the exchange kernel");
-    // The stream is idle, yet the kernel cannot finish before it is released.
-    if (load_acquire(flag) == seq) return;
-    runtime_error("plan: the exchange kernel finished without handing over the inputs");
+    // The stream is idle, so the kernel has ended: its verdict must be there.
+    if (seen()) return v;
+    runtime_error("plan: the exchange kernel finished without handing over its verdict");
   }
-}
-
-StagedTotals exchange_totals(Staging* s) {
-  // Ordered after the flag by exchange_wait_inputs()'s acquire load.
-  StagedTotals t;
-  __builtin_memcpy(&t, s->control() + kTotals, sizeof(t));
-  return t;
-}
-
-void exchange_publish(Staging* s, uint64_t seq, int64_t chunk_tiles) noexcept {
-  const bool ok = chunk_tiles > 0;
-  // Release: the chunk stored first becomes visible to the device before the
-  // flag does. On x86 plain stores already are ordered (TSO); the builtins
-  // keep the compiler from reordering them and emit stlr on Arm.
-  if (ok) __atomic_store_n(s->control() + kChunk, static_cast<uint64_t>(chunk_tiles), __ATOMIC_RELAXED);
-  __atomic_store_n(s->control() + kScheduleReady, ok ? seq : (seq | kAbortBit), __ATOMIC_RELEASE);
-  if (ok)
-    s->reader = seq;
-  else
-    s->aborted = true;
 }
 
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {

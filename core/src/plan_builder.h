@@ -12,9 +12,8 @@
 // build itself (plan_builder.cpp) is that same computation for validated inputs, reorganized
 // into division-free passes: it sits on the latency path of every plan, and a 64-bit division
 // per request and candidate cost 4-5 us at batch 256 on the CI machine. With device inputs
-// the host runs only the first two phases' decisions (validation, the chunk) and the exchange
-// kernel the placement (place_schedule), so the host's part does not grow with the batch
-// unless it splits.
+// the exchange kernel runs all three phases and hands the host only its verdict, so the
+// host's part does not grow with the batch (it reads the inputs only to word a rejection).
 #pragma once
 
 #include <cstddef>
@@ -47,7 +46,7 @@ enum PlanError : int32_t {
 // tiles of kDecodeTileTokens (FlashMLA charges 5 blocks of 64 tokens): loading
 // the query tile, writing output or partial, its share of the combine.
 constexpr int64_t kPlanFixedCostTiles = 5;
-// Chunk sizes compared per batch (candidate_tiles).
+// Chunk sizes compared per batch (candidate_chunks).
 constexpr int kPlanCandidates = 5;
 
 // Work items that suffice for any batch of max_batch requests: room for
@@ -90,31 +89,60 @@ struct RequestShape {
   int32_t error = 0;
 };
 
-MLACORE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+#if defined(__CUDACC__) || defined(__HIPCC__)
+// Out of line: ptxas expands every 64-bit division in place (~70
+// instructions), and the schedule has dozens of call sites.
+static __device__ __noinline__ int64_t ceil_div_wide(int64_t a, int64_t b) { return (a + b - 1) / b; }
+#endif
+
+MLACORE_HD int64_t ceil_div(int64_t a, int64_t b) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  // The exchange kernel's decision sits on the host's wait, and its operands
+  // almost always fit 31 bits: a 32-bit division there, the wide one aside.
+  if (a >= 0 && b > 0 && ((a | b) >> 31) == 0)
+    return static_cast<int64_t>((static_cast<uint32_t>(a) + static_cast<uint32_t>(b) - 1u) / static_cast<uint32_t>(b));
+  return ceil_div_wide(a, b);
+#else
+  return (a + b - 1) / b;
+#endif
+}
+
+// By a constant: shifts, no division on either side.
+template <int64_t N>
+MLACORE_HD int64_t ceil_div_by(int64_t a) {
+  return (a + N - 1) / N;
+}
 
 MLACORE_HD RequestShape request_shape(const ScheduleInputs& in, int64_t b, bool starts_ok) {
+  // All five loads first (b < batch keeps them in bounds): one memory round
+  // trip, not one per check.
+  const int64_t q0 = in.qo_indptr[b], q1 = in.qo_indptr[b + 1];
+  const int64_t p0 = in.kv_indptr[b], p1 = in.kv_indptr[b + 1];
+  const int64_t len = in.kv_len[b];
   RequestShape r;
   if (!starts_ok) {
     r.error = kPlanErrorIndptrStart;
     return r;
   }
-  const int64_t q0 = in.qo_indptr[b], q1 = in.qo_indptr[b + 1];
-  const int64_t p0 = in.kv_indptr[b], p1 = in.kv_indptr[b + 1];
-  const int64_t len = in.kv_len[b];
   constexpr int64_t kMax32 = 2147483647;
   if (q0 < 0 || q1 < q0 || q1 > kMax32 || p0 < 0 || p1 < p0 || p1 > kMax32) {
     r.error = kPlanErrorIndptr;
     return r;
   }
-  if (len < 0 || len > kMax32 || ceil_div(len, in.page_size) != p1 - p0) {
+  // ceil(len / page_size) == pages without a division: (pages - 1) * ps < len
+  // <= pages * ps, exact in int64 for pages < 2^31 and ps clamped to 2^31
+  // (every valid len is below that, so a larger page holds it in one page).
+  const int64_t pages = p1 - p0;
+  const int64_t ps = in.page_size > kMax32 ? kMax32 + 1 : in.page_size;
+  if (len < 0 || len > kMax32 || (len == 0 ? pages != 0 : pages < 1 || (pages - 1) * ps >= len || pages * ps < len)) {
     r.error = kPlanErrorKvLen;
     return r;
   }
   r.qo_len = q1 - q0;
   r.kv_len = len;
-  const int64_t q_tiles = ceil_div(r.qo_len * in.num_heads, kDecodeTileRows);
+  const int64_t q_tiles = ceil_div_by<kDecodeTileRows>(r.qo_len * in.num_heads);
   r.q_tiles = q_tiles > 0 ? q_tiles : 1;
-  r.kv_tiles = ceil_div(len, kDecodeTileTokens);
+  r.kv_tiles = ceil_div_by<kDecodeTileTokens>(len);
   r.last_page_len = len == 0 ? 0 : len - (p1 - p0 - 1) * in.page_size;
   return r;
 }
@@ -123,7 +151,10 @@ MLACORE_HD RequestShape request_shape(const ScheduleInputs& in, int64_t b, bool 
 // still gets one (the kernel writes zeros and -inf LSE), a skipped one none.
 MLACORE_HD int64_t splits_of(const RequestShape& r, int64_t chunk_tiles) {
   if (r.error != 0) return 0;
-  return r.kv_tiles == 0 ? 1 : ceil_div(r.kv_tiles, chunk_tiles);
+  if (r.kv_tiles == 0 || chunk_tiles >= r.kv_tiles) return 1;
+  // Here chunk_tiles < kv_tiles <= 2^25 (kv_len <= INT32_MAX): exact in 32 bits.
+  const uint32_t c = static_cast<uint32_t>(chunk_tiles);
+  return static_cast<int64_t>((static_cast<uint32_t>(r.kv_tiles) + c - 1u) / c);
 }
 
 // Reductions over requests. Every field merges with an associative and
@@ -208,23 +239,30 @@ MLACORE_HD bool splits_nothing(const ChunkBounds& cb, const ScheduleTotals& t) {
 // waves) or 8 x 64 (128 CTAs, one), where chunks grown from the balance
 // (63, 79, ...) gave 7 x 74 and left 20 SMs idle. A part may fall below the
 // balance bound (the modelled time decides), never below the capacity bound.
-MLACORE_HD int64_t candidate_tiles(int i, const ChunkBounds& cb, int64_t no_split) {
+struct CandidateChunks {
+  int64_t tiles[kPlanCandidates];
+};
+
+MLACORE_HD CandidateChunks candidate_chunks(const ChunkBounds& cb, int64_t no_split) {
   const int64_t s0 = ceil_div(no_split, cb.balance);
-  int64_t s = i == 0 ? s0 : i == 1 ? s0 - 1 : i == 2 ? s0 * 3 / 4 : i == 3 ? s0 / 2 : 1;
-  if (s < 1) s = 1;
-  const int64_t c = ceil_div(no_split, s);
-  return c > cb.capacity ? c : cb.capacity;
+  const int64_t parts[kPlanCandidates] = {s0, s0 - 1, s0 * 3 / 4, s0 / 2, 1};
+  CandidateChunks out;
+  for (int i = 0; i < kPlanCandidates; ++i) {
+    const int64_t c = ceil_div(no_split, parts[i] < 1 ? 1 : parts[i]);
+    out.tiles[i] = c > cb.capacity ? c : cb.capacity;
+  }
+  return out;
 }
 
 // Picks the candidate with the shortest modelled time: waves of num_sms CTAs
 // (AITER's occupancy term: a wave that is mostly empty costs as much as a
 // full one) times the per-CTA time, chunk + fixed cost (AITER's split
 // overhead term). Ties go to the larger chunk: fewer partials to merge.
-MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, const ChunkBounds& cb, int64_t no_split,
+MLACORE_HD int64_t pick_chunk_tiles(const CandidateCtas& cand, const CandidateChunks& chunks, int64_t no_split,
                                     int64_t num_sms) {
   int64_t best = no_split, best_time = -1;
   for (int i = kPlanCandidates - 1; i >= 0; --i) {
-    const int64_t c = candidate_tiles(i, cb, no_split);
+    const int64_t c = chunks.tiles[i];
     const int64_t time = ceil_div(cand.ctas[i], num_sms) * (c + kPlanFixedCostTiles);
     if (best_time < 0 || time < best_time || (time == best_time && c > best)) {
       best = c;
@@ -289,13 +327,13 @@ MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in
   const int64_t no_split = t.no_split_tiles();
   const ChunkBounds cb = chunk_bounds(t, in.num_sms, max_work);
   if (splits_nothing(cb, t)) return no_split;
+  const CandidateChunks chunks = candidate_chunks(cb, no_split);
   CandidateCtas cand;
   for (int64_t b = ex.tid(); b < in.batch; b += ex.nthreads()) {
     const RequestShape r = request_shape(in, b, starts_ok);
-    for (int i = 0; i < kPlanCandidates; ++i)
-      cand.ctas[i] += r.q_tiles * splits_of(r, candidate_tiles(i, cb, no_split));
+    for (int i = 0; i < kPlanCandidates; ++i) cand.ctas[i] += r.q_tiles * splits_of(r, chunks.tiles[i]);
   }
-  return pick_chunk_tiles(ex.reduce(cand), cb, no_split, in.num_sms);
+  return pick_chunk_tiles(ex.reduce(cand), chunks, no_split, in.num_sms);
 }
 
 // Places every request's work items for a chunk of `chunk` tiles and writes
@@ -377,7 +415,7 @@ struct PlanInfo {
 struct PlanStats {
   int64_t pinned_allocations = 0;
   int64_t device_to_host = 0;  // D2H transfers: exchange kernels storing the inputs into the mapped staging
-  int64_t host_to_device = 0;  // H2D transfers: an async copy (host inputs) or an exchange kernel reading its chunk
+  int64_t host_to_device = 0;  // H2D transfers: the async copy of a host-input build's schedule
   int64_t stream_syncs = 0;
   int64_t device_builds = 0;   // schedules computed by the device kernel
   const void* staging = nullptr;
@@ -387,7 +425,7 @@ struct PlanStats {
 namespace plan_gpu {
 // Pinned staging owned by a plan, mapped into the GPU's address space: the
 // schedule region (schedule_bytes), the three inputs (input_bytes) and the
-// control block of the exchange handshake, plus the event that guards
+// control line of the exchange, plus the event that guards
 // host-input uploads. Defined in plan_builder.cu so that only that file needs
 // the GPU runtime headers.
 struct Staging;
@@ -399,67 +437,33 @@ int staging_device(const Staging* s);
 // Returns once the previous host-input upload from the schedule region has
 // finished: a query first, a blocking wait only when it has not.
 void staging_wait(Staging* s);
-// Returns once the last exchange kernel released with a chunk has read it
-// (at once when it ran on the same stream), so the release words are free.
-void wait_reader(Staging* s);
 // Raises when `stream` is capturing a CUDA graph: a host round trip cannot be captured.
 void refuse_capture(void* stream, const char* what);
 
+// What the exchange kernel decided, the header's values: the error bits
+// (the start check folded in) and, for an accepted batch, the chunk, the item
+// and partial counts, the maxima and qo_indptr[batch]. All below 2^31.
+struct StagedVerdict {
+  uint32_t error;        // != 0: the kernel rejected the batch and left the metadata alone
+  uint32_t chunk_tiles;
+  uint32_t num_work, num_partials;
+  uint32_t max_qo_len, max_kv_len;
+  uint32_t total_qo;
+};
+
 // The exchange (build() with device inputs), see plan_builder.cu. One 1-block
-// kernel stores the three inputs (any width and stride) into the inputs region
-// (qo_indptr, kv_indptr at +off_kv, kv_len at +off_len bytes), raises "inputs
-// ready" with a fresh sequence number, which it returns, with the batch's
-// totals next to it (exchange_totals), then spins until
-// exchange_publish() hands it the chunk and writes the whole schedule
-// (place_schedule) into `meta`. Throws only when the launch failed: then no
-// kernel waits.
+// kernel decides the schedule from the three inputs (any width and stride),
+// hands over its verdict tagged with a fresh sequence number, which it returns, and
+// unless it rejected the batch writes the whole schedule (place_schedule) into
+// `meta`. On a rejection it first stores the inputs into the inputs region
+// (qo_indptr, kv_indptr at +off_kv, kv_len at +off_len bytes) for the host's
+// message. It never waits for the host. Throws only when the launch failed.
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
                          const ScheduleLayout& layout, int32_t* meta, void* stream);
-// The same kernel without the handshake: it stores the inputs and ends. For
-// when a launch returns only once its kernel has ended (launches_block()),
-// where the handshake could never start; the caller synchronizes the stream.
-void gather_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len, void* stream);
-// CUDA_LAUNCH_BLOCKING=1 (or MLACORE_PLAN_SYNC=1, e.g. under tools that
-// serialize launches): build() then gathers, synchronizes and uploads.
-bool launches_block();
-// Blocks until `stream` has run everything queued on it.
-void sync_stream(Staging* s, void* stream);
-// Blocks the host thread until kernel `seq` has stored the inputs, i.e. until
-// the stream reaches it (what any round trip costs). Throws when the stream
-// reports an error, or went idle without it.
-void exchange_wait_inputs(Staging* s, uint64_t seq, void* stream);
-// The totals kernel `seq` reduced (error bits included, the start check
-// folded in) and qo_indptr[batch]; valid once exchange_wait_inputs() returned.
-struct StagedTotals {
-  ScheduleTotals totals;
-  int64_t total_qo;
-};
-StagedTotals exchange_totals(Staging* s);
-// Releases kernel `seq`: with chunk_tiles > 0 it places a schedule of that
-// chunk; with 0 (abort) it exits leaving the metadata alone.
-void exchange_publish(Staging* s, uint64_t seq, int64_t chunk_tiles) noexcept;
-
-// Once exchange_launch() has returned the kernel spins until released: this
-// guard releases it with the abort value on every way out (ValueError from
-// the validation, a runtime error while waiting) unless publish() ran.
-class Exchange {
- public:
-  Exchange(Staging* s, uint64_t seq) : s_(s), seq_(seq) {}
-  ~Exchange() {
-    if (!done_) exchange_publish(s_, seq_, 0);
-  }
-  Exchange(const Exchange&) = delete;
-  Exchange& operator=(const Exchange&) = delete;
-  void publish(int64_t chunk_tiles) {
-    exchange_publish(s_, seq_, chunk_tiles);
-    done_ = true;
-  }
-
- private:
-  Staging* s_;
-  uint64_t seq_;
-  bool done_ = false;
-};
+// Blocks the host thread until kernel `seq`'s verdict has arrived, i.e. until
+// the stream reaches it and it has decided (what any round trip costs), and
+// returns it. Throws when the stream reports an error, or went idle without it.
+StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream);
 
 // Copies `bytes` from the start of the staging buffer to `device_dst`, async,
 // and records the event staging_wait() checks.

@@ -56,12 +56,13 @@ class MlaPlan:
     items), once. Each build rewrites it in place, so its address is stable
     (CUDA graphs can capture kernels that read it).
 
-    - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: the host
-      computes the schedule. CPU inputs cost no round trip; GPU inputs cost
-      one kernel launch: it stores them into a mapped pinned buffer owned by
-      the plan, the host validates them there and picks the split chunk, and
-      the kernel writes the schedule into `.metadata` (no memcpy, no stream
-      sync). The call blocks until the current stream reaches that kernel.
+    - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: a
+      schedule checked on the host. CPU inputs: the host computes it, no round
+      trip. GPU inputs cost one kernel launch: it validates them, picks the
+      split chunk, hands its verdict to the host through a mapped pinned
+      buffer owned by the plan, and writes the schedule into `.metadata` (no
+      memcpy, no stream sync). The call blocks until the current stream
+      reaches that kernel and its verdict arrives; `.info` comes from it.
       Invalid inputs raise ValueError naming the argument and the request, and
       leave `.metadata` unchanged. Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel

@@ -55,7 +55,7 @@ for step in $STEPS; do
       # the one GPU. SAN_SPLIT=N (default 1) splits each file's tests into N chunks of test ids,
       # one process each, for files too slow for one process. SAN_TIMEOUT (s, default 420)
       # bounds each process. SAN_FILES="test_a.py test_b.py" runs some files only.
-      # MLACORE_PLAN_SYNC: as for sanitizer:*; MLACORE_HYPOTHESIS_PROFILE caps property
+      # MLACORE_HYPOTHESIS_PROFILE caps property
       # tests (tests/conftest.py); MLACORE_LEAK_REPORT lists what still holds plans at the end.
       # --show-backtrace device: collecting host backtraces keeps the Python frames of the calls
       # that launched alive (and the plans in them), so nanobind's exit check would report
@@ -73,7 +73,7 @@ for step in $STEPS; do
         # racechecked by the single-threaded tests.
         local k="${SAN_K:-}"
         [ "$1" = racecheck ] && k="${k:+($k) and }not concurrent"
-        (cd /tmp && MLACORE_PLAN_SYNC=1 MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
+        (cd /tmp && MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
           timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 --show-backtrace device \
           python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( ${SAN_TIMEOUT:-420} - 60 )) \
           ${k:+-k "$k"} "${targets[@]}") > "$base.log" 2>&1
@@ -125,8 +125,7 @@ for step in $STEPS; do
       echo "logs: sanitizer-logs.tar.gz ($(wc -c < "$OUT/sanitizer-logs.tar.gz") bytes)" ;;
     sanitizer:*)
       for tool in memcheck racecheck; do
-        # MLACORE_PLAN_SYNC: the sanitizer serializes launches, which the plan's handshake cannot survive.
-        (cd /tmp && MLACORE_PLAN_SYNC=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
+        (cd /tmp && timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
           -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
         echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
       done ;;
@@ -137,7 +136,7 @@ for step in $STEPS; do
       for mode in "plain" "memcheck" "memcheck --show-backtrace device" "memcheck --show-backtrace no"; do
         set -- $mode; pre=""; [ "$1" = plain ] || pre="compute-sanitizer --tool $*"
         echo "== $mode"
-        (cd /tmp && MLACORE_PLAN_SYNC=1 timeout 200 $pre python3 "$ROOT/tests/gpu/exit_leak_probe.py" 2>&1) \
+        (cd /tmp && timeout 200 $pre python3 "$ROOT/tests/gpu/exit_leak_probe.py" 2>&1) \
           | grep -E "^probe: (threads|[0-9]|after)|nanobind: leaked [0-9]+ instances|ERROR SUMMARY" | cut -c1-200
       done ;;
     bench:*)

@@ -9,23 +9,21 @@
  * Inputs, all 1-D int32 or int64 (strides honoured): qo_indptr [batch+1]
  * (query tokens), kv_indptr [batch+1] (pages), kv_len_arr [batch] (tokens).
  *
- *  - mlacore_plan_build: the host computes the schedule. Host inputs: no
- *    round trip (a device metadata tensor gets one async H2D copy). Device
- *    inputs: one kernel launch and nothing else: the kernel stores the three
- *    arrays into the plan's mapped pinned staging buffer, the host validates
- *    them there, picks the split chunk and releases the kernel with it through
- *    a flag in the same buffer, and the kernel writes the schedule into the
- *    metadata tensor (no memcpy, no stream synchronization). The call blocks
- *    the host thread until the stream reaches that kernel, as any round trip
- *    does, and returns as soon as the kernel is released; kernels queued
- *    after it read the metadata in stream order. Where launches block until their kernel ends
- *    (CUDA_LAUNCH_BLOCKING=1, HIP_LAUNCH_BLOCKING=1, or MLACORE_PLAN_SYNC=1 for
- *    tools that serialize launches, e.g. compute-sanitizer) the handshake
- *    could never start: the kernel then only stores the inputs, and the build
- *    synchronizes the stream and uploads the schedule with one async copy.
- *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request;
- *    the kernel is released without a chunk, so the metadata tensor keeps its
- *    contents (after a runtime error they are unspecified).
+ *  - mlacore_plan_build: a schedule checked on the host. Host inputs: the
+ *    host computes it, no round trip (a device metadata tensor gets one async
+ *    H2D copy). Device inputs: one kernel launch and nothing else: the kernel
+ *    validates the three arrays, picks the split chunk, stores its verdict
+ *    into the plan's mapped pinned staging buffer with a flag, and writes the
+ *    schedule into the metadata tensor (no memcpy, no stream
+ *    synchronization). The call blocks the host thread until the stream
+ *    reaches that kernel and it has raised its flag, as any round trip does;
+ *    kernels queued after it read the metadata in stream order. The kernel
+ *    never waits for the host, so blocking launches (CUDA_LAUNCH_BLOCKING=1,
+ *    tools that serialize launches) work the same.
+ *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request
+ *    (worded from the inputs the kernel staged when it rejected them); the
+ *    metadata tensor then keeps its contents (after a runtime error they are
+ *    unspecified).
  *    Not allowed while the stream captures a CUDA graph (refused before any
  *    launch; use mlacore_plan_build_device there).
  *  - mlacore_plan_build_device: the same schedule, bit for bit, computed by

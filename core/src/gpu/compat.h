@@ -152,6 +152,17 @@ constexpr int kWarpThreads = 64;
 #else
 constexpr int kWarpThreads = 32;
 #endif
+// Orders the memory accesses of one warp's lanes (CUDA's __syncwarp). A HIP
+// wavefront issues its lanes' accesses as one instruction stream, so there a
+// scheduling barrier is all it takes. Declared for the host pass too, which
+// parses kernel bodies under HIP.
+__device__ __forceinline__ void warp_sync() {
+#if defined(__HIP_DEVICE_COMPILE__)
+  __builtin_amdgcn_wave_barrier();
+#elif defined(__CUDA_ARCH__)
+  __syncwarp();
+#endif
+}
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 __device__ __forceinline__ long long warp_shfl_xor(long long v, int mask) {
 #if defined(MLACORE_GPU_HIP)
