@@ -43,14 +43,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "cuda_check.h"
+
 #define MCHECK(x)                                                                       \
   do {                                                                                  \
     if ((x) != MLACORE_OK) {                                                            \

@@ -24,6 +24,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,14 +37,6 @@
 
 namespace wg = mlacore::wgmma;
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 constexpr int kRows = 64, kTok = 64, kDim = 576, kV = 512;
 constexpr int kBlockBytes = 64 * 128;
