@@ -3,6 +3,7 @@
 # in .whl/ (../shared/gpu/stage-wheels.sh --peers), build mlacore with CUDA,
 # then run the requested steps, writing logs under $OUT.
 #   bash tests/gpu/run_h200.sh "pytest mesontest bench:overhead,attn sanitizer"
+#   bash tests/gpu/run_h200.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only
 # (session 9 lost a call to "" meaning the default).
@@ -127,7 +128,7 @@ for step in $STEPS; do
       for tool in memcheck racecheck; do
         (cd /tmp && timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
           -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
-        echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
+        echo "sanitizer $tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
       done ;;
     exitleak)
       # Who holds plans at exit under the sanitizer (tests/gpu/exit_leak_probe.py): without
@@ -138,6 +139,26 @@ for step in $STEPS; do
         echo "== $mode"
         (cd /tmp && timeout 200 $pre python3 "$ROOT/tests/gpu/exit_leak_probe.py" 2>&1) \
           | grep -E "^probe: (threads|[0-9]|after)|nanobind: leaked [0-9]+ instances|ERROR SUMMARY" | cut -c1-200
+      done ;;
+    plan-ab:*)
+      # The plan bar's A/B in one call: the tree in the tarball (e.g. `git archive main -o
+      # .devsnap/base.tar`, carried) built beside this one, then `bench --mode plan` five
+      # times alternating (this tree first and last) and plan_latency.cu once each, so both
+      # sides meet the same stretches of the machine. Worst ratios to stdout, tables in $OUT.
+      base=/tmp/ab-base; rm -rf "$base" /tmp/ab-site; mkdir -p "$base"; tar -xf "${step#plan-ab:}" -C "$base"
+      (cd "$base" && python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/ab-site \
+        -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-base.txt" 2>&1) || tail -20 "$OUT/build-base.txt"
+      for side in new base new base new; do
+        site=/tmp/site; [ $side = base ] && site=/tmp/ab-site:/tmp/site
+        PYTHONPATH=$site timeout 100 python3 -m mlacore bench --mode plan >> "$OUT/plan-ab-$side.txt" 2>&1
+        echo "$side: $(grep -E "bar:" "$OUT/plan-ab-$side.txt" | tail -1)"
+      done
+      for side in base new; do
+        site=/tmp/site; [ $side = base ] && site=/tmp/ab-site:/tmp/site
+        PYTHONPATH=$site nvcc -O2 -std=c++17 $(PYTHONPATH=$site python3 -m mlacore --cflags) "$ROOT/bench/cuda/plan_latency.cu" \
+          $(PYTHONPATH=$site python3 -m mlacore --libs | sed 's/-Wl,/-Xlinker /g') -lcuda -o /tmp/pl-$side \
+          && timeout 60 /tmp/pl-$side > "$OUT/plan-latency-$side.txt" 2>&1
+        echo "$side plan_latency: $(grep -E "^ +[0-9]+ +[0-9.]+ " "$OUT/plan-latency-$side.txt" | awk '{printf "%s:%s ", $1, $5}')"
       done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
