@@ -48,7 +48,7 @@ IndexView view_of(const Arg& a) {
 class Divider {
  public:
   Divider() = default;  // by 1
-  explicit Divider(int64_t d) : m_(d > 1 ? ~uint64_t{0} / static_cast<uint64_t>(d) + 1 : 0) {}
+  explicit Divider(int64_t d) : m_(d > 1 ? reciprocal_of(static_cast<uint64_t>(d)) : 0) {}
   int64_t floor_div(int64_t n) const {
     if (m_ == 0) return n;  // d == 1: ceil(2^64 / 1) does not fit
     return static_cast<int64_t>((static_cast<unsigned __int128>(static_cast<uint64_t>(n)) * m_) >> 64);
@@ -209,27 +209,6 @@ int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout,
   return pick_chunk_tiles(cand, chunks, no_split, in.num_sms);
 }
 
-// What the host decides for a validated batch: the header's counts.
-struct Verdict {
-  ScheduleTotals totals;
-  int64_t chunk_tiles = 1;
-  int64_t num_work = 0, num_partials = 0;
-};
-
-// The items and partials place_schedule() will count for `chunk`.
-Verdict count_work(const ScheduleInputs& in, const ScheduleTotals& t, int64_t chunk, const RequestTiles* tiles) {
-  Verdict v{t, chunk, in.batch, 0};
-  if (chunk >= t.no_split_tiles()) return v;  // one item a request, no partials
-  const Divider by_chunk(chunk);
-  v.num_work = 0;
-  for (int64_t b = 0; b < in.batch; ++b) {
-    const int64_t n = by_chunk.splits(tiles[b].kv);
-    v.num_work += n;
-    v.num_partials += n > 1 ? n : 0;
-  }
-  return v;
-}
-
 // place_schedule() for one host thread on validated inputs, rewritten without
 // a division per request (see Divider). It must stay bit-identical to it:
 // same placement order, same padding, same header.
@@ -297,15 +276,10 @@ void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32
   });
 }
 
-// Validation and the chunk, no placement.
-Verdict verdict_host(const ScheduleInputs& in, const ScheduleLayout& layout, RequestTiles* tiles) {
+// Validation alone: throws the ValueError naming the argument or the request.
+void validate_host(const ScheduleInputs& in, const ScheduleLayout& layout) {
   check_scalars(in, layout);
-  Verdict out;
-  with_vectors(in, [&](const auto& v) {
-    const ScheduleTotals t = scan_requests(v, in, tiles);
-    out = count_work(in, t, host_chunk_tiles(in, layout, t, tiles), tiles);
-  });
-  return out;
+  with_vectors(in, [&](const auto& v) { scan_requests(v, in, nullptr); });
 }
 
 }  // namespace
@@ -429,7 +403,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     if (v.error != 0) {
       // The kernel flags exactly what scan_requests() and check_scalars()
       // reject, staged the inputs and left the metadata alone.
-      verdict_host(host_in, layout_, tiles_.data());  // throws, naming the request
+      validate_host(host_in, layout_);  // throws, naming the request
       runtime_error("plan: the exchange kernel flagged the inputs (error bits ", v.error,
                     ") but the host's validation accepts them");
     }

@@ -28,7 +28,6 @@
 // branchy 32-bit divisions, 3.2-3.9 us with the checked shared helpers;
 // docs/bench/h200-plan-s12.txt).
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 
 #include "gpu/compat.h"
@@ -298,14 +297,11 @@ struct ExchangeArgs {
   unsigned long long* control;  // mapped control line
   unsigned long long seq;
   // Reciprocals by which the kernel divides by num_sms and by max_work - batch
-  // without a division instruction (magic_of()).
+  // with one multiply-high, not a division's dozen dependent instructions
+  // (reciprocal_of()).
   uint64_t sms_magic, spare_magic;
 };
 
-// floor(n / d) from m = ceil(2^64 / d) (the host's Divider): exact for n * d <
-// 2^64, one multiply-high where a 32-bit division is a dozen dependent
-// instructions. m == 0 stands for d == 1.
-MLACORE_HD uint64_t magic_of(uint64_t d) { return d > 1 ? ~uint64_t{0} / d + 1 : 0; }
 
 // Warp-wide reductions of 32-bit words, the result on every lane: one
 // redux.sync each on sm_80+ (no chain of shuffles), shuffles elsewhere.
@@ -534,7 +530,7 @@ __device__ __forceinline__ ChunkCounts chunk_wide(const ScheduleInputs& in, cons
 // the chosen chunk's item and partial counts, for the verdict. The same
 // shared helpers decide as on the host, so the same chunk, bit for bit.
 __device__ __forceinline__ StagedVerdict decide(const ScheduleInputs& in, const ScheduleLayout& layout,
-                                                const Reducer& reduce, Reducer reduce2, ScheduleTotals& t,
+                                                const Reducer& reduce, const Reducer& reduce2, ScheduleTotals& t,
                                                 uint64_t sms_magic, uint64_t spare_magic) {
   const int64_t tid = threadIdx.x;
   Share share{};
@@ -678,8 +674,8 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   a.meta = meta;
   a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
   a.seq = s->seq + 1;
-  a.sms_magic = magic_of(static_cast<uint64_t>(in.num_sms));
-  a.spare_magic = layout.max_work > in.batch ? magic_of(static_cast<uint64_t>(layout.max_work - in.batch)) : 0;
+  a.sms_magic = reciprocal_of(static_cast<uint64_t>(in.num_sms));
+  a.spare_magic = layout.max_work > in.batch ? reciprocal_of(static_cast<uint64_t>(layout.max_work - in.batch)) : 0;
   plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
   // Only a launched kernel consumes its number.

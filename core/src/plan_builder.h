@@ -107,6 +107,11 @@ MLACORE_HD int64_t ceil_div(int64_t a, int64_t b) {
 #endif
 }
 
+// ceil(2^64 / d), the reciprocal by which floor(n / d) is the high half of
+// n * m, exact for n * d < 2^64 (0 stands for d <= 1: the quotient is n). The
+// host's Divider and the exchange kernel's divisions by num_sms both use it.
+MLACORE_HD uint64_t reciprocal_of(uint64_t d) { return d > 1 ? ~uint64_t{0} / d + 1 : 0; }
+
 // By a constant: shifts, no division on either side.
 template <int64_t N>
 MLACORE_HD int64_t ceil_div_by(int64_t a) {
@@ -414,7 +419,7 @@ struct PlanInfo {
 
 struct PlanStats {
   int64_t pinned_allocations = 0;
-  int64_t device_to_host = 0;  // D2H transfers: exchange kernels storing the inputs into the mapped staging
+  int64_t device_to_host = 0;  // D2H transfers: exchange kernels storing their verdict into the mapped staging
   int64_t host_to_device = 0;  // H2D transfers: the async copy of a host-input build's schedule
   int64_t stream_syncs = 0;
   int64_t device_builds = 0;   // schedules computed by the device kernel
