@@ -2,9 +2,10 @@
 
 Compared in the same run, per batch size:
 - `MlaPlan.build` on device inputs (one exchange kernel: it validates the
-  inputs, picks the split chunk, hands the host its verdict through the plan's
-  mapped pinned buffer and writes the schedule into the metadata; no memcpy,
-  no sync);
+  inputs and hands the host its verdict through the plan's mapped pinned
+  buffer, then picks the split chunk, sends its counts the same way and
+  writes the schedule into the metadata; no memcpy, no sync), and the same
+  build followed by `.info`, which waits for the counts too;
 - three blocking `.cpu()` copies followed by the same host schedule (what
   FlashInfer-style planners pay);
 - one bare pinned D2H copy of the same bytes + stream sync: the floor of any
@@ -82,7 +83,7 @@ def run(ctx):
     cpu_plan = mlacore.MlaPlan("cpu", max_batch=max(batches), num_sms=plan.num_sms)
     t = Table(f"plan host time per call on {dev} (us, median of 7 rounds x {calls} calls; "
               "bare D2H and build: 9 alternating rounds)",
-              ["batch", "bare D2H", "build", "x bare", "3x .cpu()+build", "flashinfer", "build_device",
+              ["batch", "bare D2H", "build", "x bare", "build+info", "3x .cpu()+build", "flashinfer", "build_device",
                "host-input build", "schedule only"],
               plot=("batch", ["bare D2H", "build", "3x .cpu()+build", "flashinfer", "build_device"], True, False))
     worst = 0.0
@@ -103,6 +104,11 @@ def run(ctx):
         # 20% between stretches of a run, and the ratio must not depend on which stretch.
         bare_us, build_us = host_us_paired([bare, lambda: plan.build(qo, kv, kv_len, PAGE_SIZE, NUM_HEADS)], calls,
                                            rounds=9)
+        def build_info():
+            plan.build(qo, kv, kv_len, PAGE_SIZE, NUM_HEADS)
+            return plan.info
+
+        info_us = host_us_per_call(build_info, calls)
         three_us = host_us_per_call(three_copies, calls)
         fi_us = float("nan")
         if fi_plan is not None:
@@ -117,14 +123,15 @@ def run(ctx):
         sched_us = host_us_per_call(lambda: cpu_plan.build(qo_h, kv_h, kv_len_h, PAGE_SIZE, NUM_HEADS), calls)
         torch.cuda.synchronize(dev)
         worst = max(worst, build_us / bare_us)
-        t.add(b, bare_us, build_us, build_us / bare_us, three_us, fi_us, dev_us, host_in_us, sched_us)
+        t.add(b, bare_us, build_us, build_us / bare_us, info_us, three_us, fi_us, dev_us, host_in_us, sched_us)
     stats = plan.stats
     t.notes.append(f"bar: build <= 1.3x bare D2H at every batch; worst {worst:.2f}x "
                    f"({'met' if worst <= 1.3 else 'NOT met'})")
     t.notes.append(f"pinned allocations over the whole run: {stats['pinned_allocations']} (must be 1); "
                    f"stream syncs: {stats['stream_syncs']} (must be 0)")
-    t.notes.append("build: host time until the exchange kernel's verdict arrives; its placement of the "
-                   "schedule into the metadata overlaps the next call")
+    t.notes.append("build: host time until the exchange kernel's verdict (validation, maxima) arrives; its "
+                   "choice of the chunk and placement of the schedule overlap the next call; build+info also "
+                   "waits for the chunk's counts and builds the PlanInfo tuple")
     t.notes.append(f"page_size {PAGE_SIZE}, {NUM_HEADS} heads, qo_len 1, kv_len uniform in [1, 4096], int32 inputs")
     t.notes.append("host-input build: CPU inputs, GPU metadata (schedule + H2D upload, no round trip; back to back, "
                    "each call also waits until the previous upload has read the pinned buffer); schedule only: a CPU "

@@ -276,11 +276,14 @@ void schedule_host(const ScheduleInputs& in, const ScheduleLayout& layout, int32
   });
 }
 
-// Validation alone: throws the ValueError naming the argument or the request.
+#if defined(MLACORE_WITH_GPU)
+// Validation alone, of the inputs a rejecting exchange kernel staged: throws
+// the ValueError naming the argument or the request.
 void validate_host(const ScheduleInputs& in, const ScheduleLayout& layout) {
   check_scalars(in, layout);
   with_vectors(in, [&](const auto& v) { scan_requests(v, in, nullptr); });
 }
+#endif
 
 }  // namespace
 
@@ -343,6 +346,20 @@ void PlanBuilder::record_info(const int32_t* meta) {
   info_.total_qo = meta[kHdrTotalQo];
   info_.error = meta[kHdrError];
   info_.on_host = true;
+  counts_seq_ = 0;
+}
+
+const PlanInfo& PlanBuilder::info() const {
+#if defined(MLACORE_WITH_GPU)
+  if (counts_seq_ != 0) {
+    const plan_gpu::StagedCounts c = plan_gpu::exchange_counts(staging_, counts_seq_);
+    info_.num_work = static_cast<int32_t>(c.num_work);
+    info_.num_partials = static_cast<int32_t>(c.num_partials);
+    info_.chunk_tokens = static_cast<int32_t>(static_cast<int64_t>(c.chunk_tiles) * kDecodeTileTokens);
+    counts_seq_ = 0;
+  }
+#endif
+  return info_;
 }
 
 void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
@@ -380,11 +397,13 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   const size_t schedule_bytes = static_cast<size_t>(layout_.total() * 4);
 
   if (inputs_at == Where::GPU) {
-    // The exchange: one kernel validates the inputs, picks the chunk, hands
-    // the verdict to this thread through the mapped staging buffer and places
-    // the work items into the metadata tensor. One launch, no memcpy, no
-    // stream synchronization; this thread blocks only until the stream
-    // reaches the kernel and it has decided, as any round trip does.
+    // The exchange: one kernel validates the inputs, hands the verdict to
+    // this thread through the mapped staging buffer, picks the chunk, sends
+    // its counts the same way and places the work items into the metadata
+    // tensor. One launch, no memcpy, no stream synchronization; this thread
+    // blocks only until the stream reaches the kernel and it has validated
+    // the batch, as any round trip does. Kernels after it on the stream read
+    // the metadata in stream order, so nothing else needs to wait.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
@@ -407,14 +426,15 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
       runtime_error("plan: the exchange kernel flagged the inputs (error bits ", v.error,
                     ") but the host's validation accepts them");
     }
-    // The header the kernel writes, by the same function, for the info.
+    // The info the kernel's header will hold, by the same function; its
+    // counts come with info(), a chunk's decision after the verdict.
     ScheduleTotals maxima;
     maxima.max_qo_len = v.max_qo_len;
     maxima.max_kv_len = v.max_kv_len;
     int32_t header[kHdrSize];
-    write_header(header, v.num_work, v.num_partials, in.batch, maxima,
-                 static_cast<int64_t>(v.chunk_tiles) * kDecodeTileTokens, v.total_qo, 0);
+    write_header(header, 0, 0, in.batch, maxima, 0, v.total_qo, 0);
     record_info(header);
+    counts_seq_ = seq;
     return;
   }
   // Host inputs: schedule into the pinned region, one async H2D copy. The
@@ -446,6 +466,7 @@ void PlanBuilder::build_device(const DLTensor* qo_indptr, const DLTensor* kv_ind
   info_ = PlanInfo{};
   info_.batch = static_cast<int32_t>(in.batch);
   info_.on_host = false;
+  counts_seq_ = 0;
 #else
   (void)in;
   (void)stream;

@@ -1,33 +1,37 @@
 // Plan metadata on the GPU: the mapped pinned staging buffer and its event,
 // the exchange kernel that decides the schedule on the GPU, hands the host
-// its verdict through that buffer and places the schedule itself (one launch,
-// no memcpy, no stream synchronization), and the device-only schedule kernel
-// (build_schedule() run by one block).
+// its verdict and counts through that buffer and places the schedule itself
+// (one launch, no memcpy, no stream synchronization), and the device-only
+// schedule kernel (build_schedule() run by one block).
 //
 // The exchange (build() with device inputs), for sequence number s:
-//   device: totals (validation bits included) and, when something splits, the
-//           candidates' counts, each in one block reduction; the chunk; on an
-//           error bit the inputs -> staging (for the host's message) and a
-//           system fence; the verdict -> ctl[kVerdict..], each word tagged
-//           with s; unless rejected, place the schedule into the metadata
-//   host:   spin until every verdict word carries s; on error bits, validate
-//           the staged inputs for the ValueError; the info from the verdict
+//   device: totals (validation bits included) in one block reduction; on an
+//           error bit the inputs -> staging (for the host's message), a
+//           system fence, the verdict -> ctl[kVerdict..], and nothing more;
+//           else the verdict, then the chunk (when something splits, the
+//           candidates' counts in a second reduction), the counts ->
+//           ctl[kCounts..], and the schedule into the metadata. Every word
+//           is tagged with s.
+//   host:   build() spins until every verdict word carries s; on error bits
+//           it validates the staged inputs for the ValueError. info() spins
+//           until the count words carry s.
 // Sequence numbers grow by one per exchange, so a word left over from an
 // earlier build never carries the current one (the tag is 32 bits: 2^32
-// builds apart, and every build rewrites all the words).
+// builds apart, and every build rewrites all the words it sends).
 //
-// The kernel never waits for the host. Session 11's trace of the earlier
-// handshake (the host picked the chunk and released the kernel with it) put
-// 2.3-3.3 us of kernel time before the flag and a 0.8-1.3 us host pass over
-// the staged inputs whenever the batch split. Here the tagged words replace
-// the 0.74 us fence, and the decision is written for latency, since one block
-// runs it once per build with the host waiting: warp 0 alone for batches it
-// holds whole (no barrier), one barrier per reduction otherwise, every load
-// issued up front, and the chunk's divisions in 32 bits without branches
-// between them (session 12: 2.4-2.9 us from entry to the verdict with
-// branchy 32-bit divisions, 3.2-3.9 us with the checked shared helpers;
-// docs/bench/h200-plan-s12.txt).
+// The kernel never waits for the host, and the host waits only for what it
+// must check: the verdict comes after the loads and one reduction, while the
+// chunk's choice (divisions, a pass over the requests, a second reduction:
+// 1.3-1.8 us in session 12's trace, docs/bench/h200-plan-s12.txt) runs after
+// it, overlapping the host's return, as the placement does. Session 13 put
+// build() at 0.98-1.12x the bare pinned round trip against 1.06-1.29x when it
+// waited for the chunk too (docs/bench/h200-plan-s13.txt). The decision is
+// still written for latency, as info() waits for it: warp 0 alone for
+// batches it holds whole (no barrier), one barrier per reduction otherwise,
+// every load issued up front, and the chunk's divisions in 32 bits without
+// branches between them.
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "gpu/compat.h"
@@ -63,18 +67,25 @@ namespace {
 
 // 64-bit words of the control block, which follows the inputs region, on one
 // 128-byte line the device writes and the host only reads: the verdict's
-// kVerdictWords words, each (sequence number mod 2^32) << 32 | value.
+// kVerdictWords words, then the counts' kCountsWords, each (sequence number
+// mod 2^32) << 32 | value.
 constexpr int kVerdict = 0;
-constexpr int kVerdictWords = 7;
+constexpr int kVerdictWords = 4;  // StagedVerdict's fields, in order
+constexpr int kCounts = 8;
+constexpr int kCountsWords = 3;  // StagedCounts' fields, in order
 constexpr unsigned long long kTagMask = 0xffffffffull;
 constexpr size_t kControlBytes = 128;
-static_assert(kVerdict + kVerdictWords <= 16, "the verdict fits the line");
+static_assert(sizeof(StagedVerdict) == 4 * kVerdictWords && sizeof(StagedCounts) == 4 * kCountsWords,
+              "one word per field");
+static_assert(kVerdict + kVerdictWords <= kCounts && kCounts + kCountsWords <= 16, "both fit the line");
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // Host side of the polls: atomic loads of words the device writes over the
 // bus. Aligned 8-byte accesses are single bus transactions, so no torn value.
 uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+// Whether the word carries sequence number `seq`.
+bool tagged(const uint64_t* p, uint64_t seq) { return (load_acquire(p) >> 32) == (seq & kTagMask); }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -103,9 +114,13 @@ struct Staging {
   gpuEvent_t uploaded{};  // recorded after each host-input upload that reads `host`
   bool pending = false;
   uint64_t seq = 0;       // the last sequence number handed to an exchange kernel
-  // An exchange kernel whose flag the host never saw (its wait threw): it may
-  // still be queued, and would write the inputs region and the control line.
+  // An exchange kernel whose verdict the host never saw (its wait threw): it
+  // may still be queued, and would write the inputs region and the control line.
   uint64_t unseen = 0;
+  // An accepted exchange kernel whose counts the host has not seen yet, and
+  // its stream: it still writes the control line.
+  uint64_t counting = 0;
+  void* counting_stream = nullptr;
 
   uint64_t* control() { return reinterpret_cast<uint64_t*>(static_cast<char*>(host) + control_offset); }
 };
@@ -142,12 +157,14 @@ void staging_destroy(Staging* s) noexcept {
   // An upload may still read the buffer; freeing it under the copy would
   // hand the DMA engine freed memory.
   if (s->pending) (void)gpuEventSynchronize(s->uploaded);
-  // So may an exchange kernel whose flag was never seen. It never waits for
-  // the host, so waiting for the device is bounded; it is rare (a build that
-  // failed while waiting). No DeviceGuard: it throws, and this runs in
+  // So may an exchange kernel whose verdict was never seen, or whose counts
+  // are still coming. It never waits for the host, so waiting for the device
+  // is bounded. No DeviceGuard: it throws, and this runs in
   // destructors, at interpreter exit too, when the runtime may already be
   // unloading (errors ignored).
-  if (s->unseen != 0 && (load_acquire(s->control() + kVerdict) >> 32) != (s->unseen & kTagMask)) {
+  const bool running = (s->unseen != 0 && !tagged(s->control() + kVerdict, s->unseen)) ||
+                       (s->counting != 0 && !tagged(s->control() + kCounts, s->counting));
+  if (running) {
     int previous = 0;
     if (gpuGetDevice(&previous) == gpuSuccess) {
       if (previous != s->device) (void)gpuSetDevice(s->device);
@@ -526,18 +543,16 @@ __device__ __forceinline__ ChunkCounts chunk_wide(const ScheduleInputs& in, cons
 }
 
 
-// schedule_totals() and, when something splits, schedule_chunk_tiles() with
-// the chosen chunk's item and partial counts, for the verdict. The same
-// shared helpers decide as on the host, so the same chunk, bit for bit.
-__device__ __forceinline__ StagedVerdict decide(const ScheduleInputs& in, const ScheduleLayout& layout,
-                                                const Reducer& reduce, const Reducer& reduce2, ScheduleTotals& t,
-                                                uint64_t sms_magic, uint64_t spare_magic) {
+// schedule_totals() over the batch, every thread (of warp 0 alone, or of the
+// block) holding the result; `share` keeps the thread's first request for
+// the chunk's pass. The same shared helpers as on the host, so the same bits.
+__device__ __forceinline__ ScheduleTotals reduce_totals(const ScheduleInputs& in, const Reducer& reduce, Share& share,
+                                                        uint32_t& total_qo) {
   const int64_t tid = threadIdx.x;
-  Share share{};
   share.has_first = tid < in.batch;
   // Every load of the decision is issued here, before any depends on another.
   if (share.has_first) share.first = request_shape(in, tid, true);
-  const int64_t total_qo = in.qo_indptr[in.batch];  // one broadcast load; lane 6 publishes it
+  total_qo = static_cast<uint32_t>(in.qo_indptr[in.batch]);  // one broadcast load: any lane may publish it
   const bool starts_ok = tid != 0 || (in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0);
   ScheduleTotals local;
   if (share.has_first) local.add(share.first);
@@ -554,6 +569,7 @@ __device__ __forceinline__ StagedVerdict decide(const ScheduleInputs& in, const 
   w[2 * kPieces + 3] = static_cast<unsigned>(local.max_kv_len);
   w[2 * kPieces + 4] = static_cast<unsigned>(local.error);
   reduce.operator()<2 * kPieces + 1, 3, 1>(w);
+  ScheduleTotals t;
   t.cost = join64(w);
   t.kv_tiles = join64(w + kPieces);
   t.valid = w[2 * kPieces];
@@ -561,56 +577,56 @@ __device__ __forceinline__ StagedVerdict decide(const ScheduleInputs& in, const 
   t.max_qo_len = w[2 * kPieces + 2];
   t.max_kv_len = w[2 * kPieces + 3];
   t.error = w[2 * kPieces + 4];
-
-  StagedVerdict v{};
-  v.error = static_cast<uint32_t>(t.error);
-  if (t.error != 0) return v;  // uniform: every thread holds the same totals
-  v.max_qo_len = static_cast<uint32_t>(t.max_qo_len);
-  v.max_kv_len = static_cast<uint32_t>(t.max_kv_len);
-  v.total_qo = static_cast<uint32_t>(total_qo);
-  const ChunkCounts cc = narrow_totals(t, in.num_sms, layout.max_work)
-                             ? chunk_narrow(in, layout, t, share, reduce2, sms_magic, spare_magic)
-                             : chunk_wide(in, layout, t, share, reduce2);
-  v.chunk_tiles = static_cast<uint32_t>(cc.chunk);
-  v.num_work = static_cast<uint32_t>(cc.items);
-  v.num_partials = static_cast<uint32_t>(cc.partials);
-  return v;
+  return t;
 }
 
-// The verdict's words, each tagged with the build's sequence number in its
-// high half, one word a lane of warp 0 (one store instruction): the host
-// takes the verdict once every word carries its number, so no word needs
-// ordering against another, and an accepted batch pays no system-scope fence
-// (a fence before a flag cost 0.74-0.80 us, session 11). A rejection fences
-// first: the staged inputs, which the host then reads, were stored before it
-// (ordered by the barrier or the warp's sync before this).
-__device__ __forceinline__ void publish_verdict(unsigned long long* words, unsigned long long seq,
-                                                const StagedVerdict& v, int lane) {
-  if (lane >= kVerdictWords) return;
-  if (v.error != 0) __threadfence_system();
-  const uint32_t value = lane == 0 ? v.error
-                         : lane == 1 ? v.chunk_tiles
-                         : lane == 2 ? v.num_work
-                         : lane == 3 ? v.num_partials
-                         : lane == 4 ? v.max_qo_len
-                         : lane == 5 ? v.max_kv_len
-                                     : v.total_qo;
+// schedule_chunk_tiles() of an accepted batch and the chosen chunk's item and
+// partial counts.
+__device__ __forceinline__ StagedCounts decide_chunk(const ScheduleInputs& in, const ScheduleLayout& layout,
+                                                     const ScheduleTotals& t, const Share& share,
+                                                     const Reducer& reduce, uint64_t sms_magic, uint64_t spare_magic) {
+  const ChunkCounts cc = narrow_totals(t, in.num_sms, layout.max_work)
+                             ? chunk_narrow(in, layout, t, share, reduce, sms_magic, spare_magic)
+                             : chunk_wide(in, layout, t, share, reduce);
+  return StagedCounts{static_cast<uint32_t>(cc.chunk), static_cast<uint32_t>(cc.items),
+                      static_cast<uint32_t>(cc.partials)};
+}
+
+// N words, each tagged with the build's sequence number in its high half, one
+// word a lane of warp 0 (one store instruction): the host takes them once
+// every word carries its number, so no word needs ordering against another,
+// and an accepted batch pays no system-scope fence (a fence before a flag
+// cost 0.74-0.80 us, session 11). A rejection fences first: the staged
+// inputs, which the host then reads, were stored before it (ordered by the
+// barrier or the warp's sync before this).
+template <class T>
+__device__ __forceinline__ void publish(unsigned long long* words, unsigned long long seq, const T& fields, int lane,
+                                        bool fence) {
+  constexpr int N = sizeof(T) / 4;
+  if (lane >= N) return;
+  if (fence) __threadfence_system();
+  uint32_t f[N];
+  __builtin_memcpy(f, &fields, sizeof(T));
+  uint32_t value = f[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) value = lane == k ? f[k] : value;
   *static_cast<volatile unsigned long long*>(words + lane) = ((seq & kTagMask) << 32) | value;
 }
 
-// One block: decides the schedule of the three (possibly strided) inputs,
-// hands the host the verdict (and, if it rejects them, the inputs at their
-// own widths for the message), and unless rejected places the schedule into
-// the metadata tensor. The same metadata as build_schedule(), bit for bit:
-// the shared helpers decide (chunk_narrow() restates them in 32 bits, held to
-// the host by test_plan), the same place_schedule() writes. Kernels
-// after it on the stream read the metadata in stream order; the host waits
-// only for the verdict, so everything before it is on the host's latency path.
+// One block: validates the three (possibly strided) inputs and hands the host
+// its verdict (and, if it rejects them, the inputs at their own widths for
+// the message); unless rejected, picks the chunk, hands over its counts and
+// places the schedule into the metadata tensor. The same metadata as
+// build_schedule(), bit for bit: the shared helpers decide (chunk_narrow()
+// restates them in 32 bits, held to the host by test_plan), the same
+// place_schedule() writes. Kernels after it on the stream read the metadata
+// in stream order; the host waits only for the verdict, so only the loads and
+// the totals' reduction are on its latency path.
 __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArgs a) {
   __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];  // place_schedule()'s collectives
   __shared__ unsigned totals_slots[kScheduleWarps * (2 * kPieces + 5)];
   __shared__ unsigned chunk_slots[kScheduleWarps * (kPieces + 2) * kPlanCandidates];
-  __shared__ StagedVerdict decided;
+  __shared__ int64_t decided_chunk;  // -1: rejected
   const ScheduleInputs& in = a.in;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   // Uniform over the block: warp 0 alone decides a batch it holds whole.
@@ -619,10 +635,12 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
   // the totals (the header), holds them.
   ScheduleTotals t;
   if (!one_warp || warp == 0) {
-    const StagedVerdict v = decide(in, a.layout, Reducer{one_warp ? nullptr : totals_slots, lane, warp},
-                                   Reducer{one_warp ? nullptr : chunk_slots, lane, warp}, t, a.sms_magic,
-                                   a.spare_magic);
-    if (v.error != 0) {
+    Share share{};
+    uint32_t total_qo = 0;
+    t = reduce_totals(in, Reducer{one_warp ? nullptr : totals_slots, lane, warp}, share, total_qo);
+    const StagedVerdict v{static_cast<uint32_t>(t.error), static_cast<uint32_t>(t.max_qo_len),
+                          static_cast<uint32_t>(t.max_kv_len), total_qo};
+    if (t.error != 0) {  // uniform: every thread holds the same totals
       const int64_t n = in.batch + 1;
       const int64_t first = one_warp ? lane : threadIdx.x, step = one_warp ? kWarp : kScheduleThreads;
 #pragma unroll 1
@@ -638,14 +656,19 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
         gpu::warp_sync();
       else
         __syncthreads();
+      if (warp == 0) publish(a.control + kVerdict, a.seq, v, lane, true);
+      if (threadIdx.x == 0) decided_chunk = -1;
+    } else {
+      if (warp == 0) publish(a.control + kVerdict, a.seq, v, lane, false);
+      const StagedCounts c = decide_chunk(in, a.layout, t, share, Reducer{one_warp ? nullptr : chunk_slots, lane, warp},
+                                          a.sms_magic, a.spare_magic);
+      if (warp == 0) publish(a.control + kCounts, a.seq, c, lane, false);
+      if (threadIdx.x == 0) decided_chunk = c.chunk_tiles;
     }
-    if (warp == 0) publish_verdict(a.control + kVerdict, a.seq, v, lane);
-    if (threadIdx.x == 0) decided = v;
   }
   __syncthreads();
-  if (decided.error != 0) return;  // rejected: the metadata keeps its contents
-  place_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t,
-                 static_cast<int64_t>(decided.chunk_tiles), a.meta);
+  if (decided_chunk < 0) return;  // rejected: the metadata keeps its contents
+  place_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t, decided_chunk, a.meta);
 }
 
 __global__ void __launch_bounds__(kScheduleThreads)
@@ -657,14 +680,91 @@ __global__ void __launch_bounds__(kScheduleThreads)
 
 }  // namespace
 
+namespace {
+// The N words from `words` of kernel `seq` once all of them carry its
+// number, else false.
+template <class T>
+bool take(const uint64_t* words, uint64_t seq, T& out) {
+  constexpr int N = sizeof(T) / 4;
+  uint32_t f[N];
+  for (int k = 0; k < N; ++k) {
+    const uint64_t w = load_acquire(words + k);
+    if ((w >> 32) != (seq & kTagMask)) return false;
+    f[k] = static_cast<uint32_t>(w);
+  }
+  std::memcpy(&out, f, sizeof(T));
+  return true;
+}
+
+// Spins until `seen()`: pure spinning for kSpinOnly, then a yield per poll,
+// and every kHealthCheck `stalled()`, which returns once it knows the wait
+// can go on and throws when it cannot.
+template <class Seen, class Stalled>
+void spin_until(Seen seen, Stalled stalled) {
+  if (seen()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next_check = t0 + kHealthCheck;
+  for (unsigned polls = 1;; ++polls) {
+    cpu_relax();
+    if (seen()) return;
+    if (polls % 16 != 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t0 > kSpinOnly) std::this_thread::yield();
+    if (now < next_check) continue;
+    stalled();
+    if (seen()) return;
+    next_check = std::chrono::steady_clock::now() + kHealthCheck;
+  }
+}
+
+// Waits for the counts of `seq`, a kernel that has sent its verdict, so it
+// runs and will send them: only a failing device (or a preempted context)
+// can hold them back. So the health check, every millisecond, only asks
+// whether the device has failed: a query of the legacy stream, which is
+// always valid, returns a sticky error and never waits (a synchronization
+// would wait for all the device's work, other streams' included: session 13
+// saw a build under racecheck wait for a 1.5 s kernel on the default stream).
+StagedCounts wait_counts(Staging* s, uint64_t seq) {
+  const uint64_t* words = s->control() + kCounts;
+  StagedCounts c{};
+  spin_until(
+      [&] {
+        if (take(words, seq, c)) return true;
+        // Tags only grow: a later one means a later accepted kernel's counts
+        // replaced these (possible only after a wait that threw).
+        const uint32_t tag = static_cast<uint32_t>(load_acquire(words) >> 32);
+        if (static_cast<int32_t>(tag - static_cast<uint32_t>(seq & kTagMask)) > 0)
+          runtime_error("plan: the counts of exchange ", seq, " were replaced by a later exchange's");
+        return false;
+      },
+      [&] {
+        gpu::DeviceGuard guard(s->device);
+        const gpuError_t status = gpuStreamQuery(nullptr);
+        if (status == gpuErrorNotReady) {
+          (void)gpuGetLastError();  // not an error; keep it out of the next launch check
+          return;
+        }
+        gpu::check(status, "plan: waiting for the exchange kernel's counts");
+      });
+  if (s->counting == seq) s->counting = 0;
+  return c;
+}
+}  // namespace
+
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
                          const ScheduleLayout& layout, int32_t* meta, void* stream) {
   gpu::DeviceGuard guard(s->device);
-  if (s->unseen != 0 && (load_acquire(s->control() + kVerdict) >> 32) != (s->unseen & kTagMask)) {
+  if (s->unseen != 0 && !tagged(s->control() + kVerdict, s->unseen)) {
     // An earlier kernel may still write the control line this one will use.
     gpu::check(gpuDeviceSynchronize(), "plan: waiting for an earlier exchange kernel");
+    s->counting = 0;  // every kernel has ended: no word is still coming
   }
   s->unseen = 0;
+  // On another stream the previous kernel, still deciding its chunk, could
+  // send its counts after this one's and leave them under an older tag; on
+  // the same stream it ends before this one starts. It has sent its verdict,
+  // so the wait is bounded by its chunk's decision.
+  if (s->counting != 0 && s->counting_stream != stream) (void)wait_counts(s, s->counting);
   ExchangeArgs a;
   a.in = in;
   a.layout = layout;
@@ -684,53 +784,36 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   return a.seq;
 }
 
-namespace {
-// The verdict of kernel `seq` once all its words carry the number, else false.
-bool take_verdict(const uint64_t* words, uint64_t seq, StagedVerdict& v) {
-  uint64_t w[kVerdictWords];
-  for (int k = 0; k < kVerdictWords; ++k) {
-    w[k] = load_acquire(words + k);
-    if ((w[k] >> 32) != (seq & kTagMask)) return false;
-  }
-  const auto value = [&](int k) { return static_cast<uint32_t>(w[k]); };
-  v = StagedVerdict{value(0), value(1), value(2), value(3), value(4), value(5), value(6)};
-  return true;
-}
-}  // namespace
-
 StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream) {
   const uint64_t* words = s->control() + kVerdict;
-  StagedVerdict v;
-  const auto seen = [&] {
-    if (!take_verdict(words, seq, v)) return false;
-    s->unseen = 0;
-    return true;
-  };
-  if (seen()) return v;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto next_check = t0 + kHealthCheck;
-  for (unsigned polls = 1;; ++polls) {
-    cpu_relax();
-    if (seen()) return v;
-    if (polls % 16 != 0) continue;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - t0 > kSpinOnly) std::this_thread::yield();
-    if (now < next_check) continue;
-    next_check = now + kHealthCheck;
-    // Still waiting after a millisecond: a long queue ahead of the kernel, or
-    // a context that died with it. A query tells them apart without waiting.
-    gpu::DeviceGuard guard(s->device);
-    const gpuError_t status = gpuStreamQuery(gpu::as_stream(stream));
-    if (status == gpuErrorNotReady) {
-      (void)gpuGetLastError();  // not an error; keep it out of the next launch check
-      continue;
-    }
-    gpu::check(status, "plan: waiting for the exchange kernel");
-    // The stream is idle, so the kernel has ended: its verdict must be there.
-    if (seen()) return v;
-    runtime_error("plan: the exchange kernel finished without handing over its verdict");
+  StagedVerdict v{};
+  spin_until([&] { return take(words, seq, v); },
+             [&] {
+               // Still waiting after a millisecond: a long queue ahead of the
+               // kernel, or a context that died with it. A query tells them
+               // apart without waiting.
+               gpu::DeviceGuard guard(s->device);
+               const gpuError_t status = gpuStreamQuery(gpu::as_stream(stream));
+               if (status == gpuErrorNotReady) {
+                 (void)gpuGetLastError();  // not an error; keep it out of the next launch check
+                 return;
+               }
+               gpu::check(status, "plan: waiting for the exchange kernel");
+               // The stream is idle, so the kernel has ended: its verdict must be there.
+               if (!take(words, seq, v))
+                 runtime_error("plan: the exchange kernel finished without handing over its verdict");
+             });
+  s->unseen = 0;
+  if (v.error == 0) {
+    // Accepted: its counts are still coming. A rejected kernel sends none and
+    // is done with the buffer.
+    s->counting = seq;
+    s->counting_stream = stream;
   }
+  return v;
 }
+
+StagedCounts exchange_counts(Staging* s, uint64_t seq) { return wait_counts(s, seq); }
 
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {
   gpu::DeviceGuard guard(s->device);

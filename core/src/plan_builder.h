@@ -445,30 +445,42 @@ void staging_wait(Staging* s);
 // Raises when `stream` is capturing a CUDA graph: a host round trip cannot be captured.
 void refuse_capture(void* stream, const char* what);
 
-// What the exchange kernel decided, the header's values: the error bits
-// (the start check folded in) and, for an accepted batch, the chunk, the item
-// and partial counts, the maxima and qo_indptr[batch]. All below 2^31.
+// What the exchange kernel hands the host in two steps, each below 2^31.
+// The verdict, as soon as the totals are reduced: the error bits (the start
+// check folded in) and, for an accepted batch, the maxima and
+// qo_indptr[batch]. That is all a build waits for.
 struct StagedVerdict {
-  uint32_t error;        // != 0: the kernel rejected the batch and left the metadata alone
-  uint32_t chunk_tiles;
-  uint32_t num_work, num_partials;
+  uint32_t error;  // != 0: the kernel rejected the batch and left the metadata alone
   uint32_t max_qo_len, max_kv_len;
   uint32_t total_qo;
+};
+// The schedule's counts, once an accepted batch's chunk is picked (rejected
+// ones never send any): read only when someone asks for the info.
+struct StagedCounts {
+  uint32_t chunk_tiles;
+  uint32_t num_work, num_partials;
 };
 
 // The exchange (build() with device inputs), see plan_builder.cu. One 1-block
 // kernel decides the schedule from the three inputs (any width and stride),
-// hands over its verdict tagged with a fresh sequence number, which it returns, and
-// unless it rejected the batch writes the whole schedule (place_schedule) into
-// `meta`. On a rejection it first stores the inputs into the inputs region
-// (qo_indptr, kv_indptr at +off_kv, kv_len at +off_len bytes) for the host's
-// message. It never waits for the host. Throws only when the launch failed.
+// hands over its verdict and then its counts, tagged with a fresh sequence
+// number, which it returns, and unless it rejected the batch writes the whole
+// schedule (place_schedule) into `meta`. On a rejection it first stores the
+// inputs into the inputs region (qo_indptr, kv_indptr at +off_kv, kv_len at
+// +off_len bytes) for the host's message. It never waits for the host.
+// Throws only when the launch failed.
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
                          const ScheduleLayout& layout, int32_t* meta, void* stream);
 // Blocks the host thread until kernel `seq`'s verdict has arrived, i.e. until
-// the stream reaches it and it has decided (what any round trip costs), and
-// returns it. Throws when the stream reports an error, or went idle without it.
+// the stream reaches it and it has validated the batch (what any round trip
+// costs), and returns it. Throws when the stream reports an error, or went
+// idle without it.
 StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream);
+// The counts of accepted kernel `seq`, whose verdict exchange_wait() returned:
+// they follow it by the chunk's decision (a microsecond or two), so this
+// spins. Throws if a later kernel has replaced them (only after a build whose
+// wait threw) or the device fails.
+StagedCounts exchange_counts(Staging* s, uint64_t seq);
 
 // Copies `bytes` from the start of the staging buffer to `device_dst`, async,
 // and records the event staging_wait() checks.
@@ -493,7 +505,9 @@ class PlanBuilder {
 
   const ScheduleLayout& layout() const { return layout_; }
   int64_t num_sms() const { return num_sms_; }
-  const PlanInfo& info() const { return info_; }
+  // An exchange's counts arrive after build() returns: the first call after
+  // one waits for them (exchange_counts()).
+  const PlanInfo& info() const;
   const PlanStats& stats() const { return stats_; }
 
  private:
@@ -503,7 +517,10 @@ class PlanBuilder {
 
   ScheduleLayout layout_;
   int64_t num_sms_;
-  PlanInfo info_;
+  // Mutable: info() completes it with the counts of the exchange counts_seq_
+  // names (0: none pending).
+  mutable PlanInfo info_;
+  mutable uint64_t counts_seq_ = 0;
   PlanStats stats_;
   // The host schedule's per-request tile counts (max_batch), sized once: a
   // rejected batch must leave the metadata untouched, so they cannot live there.

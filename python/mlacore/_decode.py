@@ -155,7 +155,8 @@ class BatchMLAPagedAttentionWrapper:
             max_qo = max_qo_cap
         else:
             plan.build(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
-            max_qo = max(plan.info.max_qo_len, 1)
+            info = plan.info  # read once: each read builds the tuple, the first waits for the exchange's counts
+            max_qo = max(info.max_qo_len, 1)
         max_batch, max_work = plan.max_batch, plan.max_work
 
         if self._use_cuda_graph:
@@ -167,7 +168,7 @@ class BatchMLAPagedAttentionWrapper:
                                  f"{self._capacity[2]} fixed by the first plan()")
         else:
             # One schedule: the workspace needs room for its partials only.
-            self._capacity = (max_batch, max_work, max_qo, max(plan.info.num_partials, 1))
+            self._capacity = (max_batch, max_work, max_qo, max(info.num_partials, 1))
         self._md = plan.metadata
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, profiler_buffer=None,

@@ -58,11 +58,14 @@ class MlaPlan:
 
     - `build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads)`: a
       schedule checked on the host. CPU inputs: the host computes it, no round
-      trip. GPU inputs cost one kernel launch: it validates them, picks the
-      split chunk, hands its verdict to the host through a mapped pinned
-      buffer owned by the plan, and writes the schedule into `.metadata` (no
-      memcpy, no stream sync). The call blocks until the current stream
-      reaches that kernel and its verdict arrives; `.info` comes from it.
+      trip. GPU inputs cost one kernel launch: it validates them and hands
+      its verdict (errors, maxima) to the host through a mapped pinned buffer
+      owned by the plan, then picks the split chunk, sends its counts the same
+      way, and writes the schedule into `.metadata` (no memcpy, no stream
+      sync). The call blocks until the current stream reaches that kernel and
+      its verdict arrives; the chunk's choice and the placement run on after
+      it, ahead of any kernel queued later. The first `.info` after such a
+      build waits for the counts (a microsecond or two more).
       Invalid inputs raise ValueError naming the argument and the request, and
       leave `.metadata` unchanged. Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel

@@ -12,14 +12,17 @@
  *  - mlacore_plan_build: a schedule checked on the host. Host inputs: the
  *    host computes it, no round trip (a device metadata tensor gets one async
  *    H2D copy). Device inputs: one kernel launch and nothing else: the kernel
- *    validates the three arrays, picks the split chunk, stores its verdict
- *    into the plan's mapped pinned staging buffer with a flag, and writes the
- *    schedule into the metadata tensor (no memcpy, no stream
- *    synchronization). The call blocks the host thread until the stream
- *    reaches that kernel and it has raised its flag, as any round trip does;
- *    kernels queued after it read the metadata in stream order. The kernel
- *    never waits for the host, so blocking launches (CUDA_LAUNCH_BLOCKING=1,
- *    tools that serialize launches) work the same.
+ *    validates the three arrays and stores its verdict into the plan's mapped
+ *    pinned staging buffer, then picks the split chunk, stores the
+ *    schedule's counts there too, and writes the schedule into the metadata
+ *    tensor (no memcpy, no stream synchronization). The call blocks the host
+ *    thread until the stream reaches that kernel and its verdict is there,
+ *    as any round trip does; kernels queued after it read the metadata in
+ *    stream order. The first mlacore_plan_get_info() after it waits for the
+ *    counts (num_work, num_partials, chunk_tokens), which follow the verdict
+ *    by the chunk's decision. The kernel never waits for the host, so
+ *    blocking launches (CUDA_LAUNCH_BLOCKING=1, tools that serialize
+ *    launches) work the same.
  *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request
  *    (worded from the inputs the kernel staged when it rejected them); the
  *    metadata tensor then keeps its contents (after a runtime error they are
@@ -99,7 +102,8 @@ MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const D
 
 MLACORE_API mlacore_status mlacore_plan_capacity(const mlacore_plan* plan, int64_t* max_batch, int64_t* max_work,
                                                  int32_t* num_sms);
-/* The last successful build's summary. */
+/* The last successful build's summary (after a device-input build, the first
+ * call waits for its counts: see mlacore_plan_build). */
 MLACORE_API mlacore_status mlacore_plan_get_info(const mlacore_plan* plan, mlacore_plan_info* out);
 MLACORE_API mlacore_status mlacore_plan_get_stats(const mlacore_plan* plan, mlacore_plan_stats* out);
 
