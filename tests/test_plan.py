@@ -476,11 +476,12 @@ def test_gpu_mixed_widths_and_strides_match_the_host(watchdog):
 @requires_cuda
 @pytest.mark.parametrize("B", [20, 80])
 def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watchdog):
-    # The exchange kernel picks the chunk in 32-bit arithmetic while the batch's tile and
-    # cost totals stay below 2^31, and through the shared 64-bit helpers beyond: requests
-    # near INT32_MAX tokens (2^25 tiles each) put 20 of them below the bound, 80 above.
-    # Both must choose what the host does; with 1024 SMs to fill both batches split (on the
-    # H200's 132, 80 such requests fill two waves whichever way they split: no split wins).
+    # The exchange and device-build kernels pick the chunk in 32-bit arithmetic while the
+    # batch's tile and cost totals stay below 2^31, and through the shared 64-bit helpers
+    # beyond: requests near INT32_MAX tokens (2^25 tiles each) put 20 of them below the
+    # bound, 80 above. Both sides must choose what the host does; with 1024 SMs to fill,
+    # both batches split (on the H200's 132, 80 such requests fill two waves whichever
+    # way they split: no split wins).
     page_size = 1 << 16
     kv_len = [2**31 - 1 - 4099 * b for b in range(B)]
     pages = [-(-n // page_size) for n in kv_len]
@@ -497,6 +498,10 @@ def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watc
     assert torch.equal(plan.metadata.cpu(), host.metadata)
     assert plan.info == host.info
     assert host.info.num_partials > 0
+    # build_device's kernel decides with the same code.
+    plan.metadata.fill_(-777)
+    plan.build_device(*tensors(*raw, "cuda"), page_size, 16)
+    assert torch.equal(plan.metadata.cpu(), host.metadata)
 
 @requires_cuda
 def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):

@@ -2,7 +2,7 @@
 // the exchange kernel that decides the schedule on the GPU, hands the host
 // its verdict and counts through that buffer and places the schedule itself
 // (one launch, no memcpy, no stream synchronization), and the device-only
-// schedule kernel (build_schedule() run by one block).
+// schedule kernel (the same decision and placement without the host).
 //
 // The exchange (build() with device inputs), for sequence number s:
 //   device: totals (validation bits included) in one block reduction; on an
@@ -24,8 +24,8 @@
 // chunk's choice (divisions, a pass over the requests, a second reduction:
 // 1.3-1.8 us in session 12's trace, docs/bench/h200-plan-s12.txt) runs after
 // it, overlapping the host's return, as the placement does. Session 13 put
-// build() at 0.98-1.12x the bare pinned round trip against 1.06-1.29x when it
-// waited for the chunk too (docs/bench/h200-plan-s13.txt). The decision is
+// build()'s worst at 1.09-1.13x the bare pinned round trip in six runs, against
+// 1.22-1.31x when it waited for the chunk too (docs/bench/h200-plan-s13.txt). The decision is
 // still written for latency, as info() waits for it: warp 0 alone for
 // batches it holds whole (no barrier), one barrier per reduction otherwise,
 // every load issued up front, and the chunk's divisions in 32 bits without
@@ -319,6 +319,13 @@ struct ExchangeArgs {
   uint64_t sms_magic, spare_magic;
 };
 
+// The decision's two divisors as reciprocals: num_sms, and the work items an
+// accepted batch leaves spare (its requests are all valid).
+uint64_t sms_magic_of(const ScheduleInputs& in) { return reciprocal_of(static_cast<uint64_t>(in.num_sms)); }
+uint64_t spare_magic_of(const ScheduleInputs& in, const ScheduleLayout& layout) {
+  return layout.max_work > in.batch ? reciprocal_of(static_cast<uint64_t>(layout.max_work - in.batch)) : 0;
+}
+
 
 // Warp-wide reductions of 32-bit words, the result on every lane: one
 // redux.sync each on sm_80+ (no chain of shuffles), shuffles elsewhere.
@@ -592,6 +599,24 @@ __device__ __forceinline__ StagedCounts decide_chunk(const ScheduleInputs& in, c
                       static_cast<uint32_t>(cc.partials)};
 }
 
+// The decision's shared slots: one per warp and reduction.
+struct DecisionSlots {
+  unsigned totals[kScheduleWarps * (2 * kPieces + 5)];
+  unsigned chunk[kScheduleWarps * (kPieces + 2) * kPlanCandidates];
+};
+
+// Whether this thread takes part in the decision: warp 0 alone decides a
+// batch it holds whole (uniform over the block), every warp a larger one.
+// Warp 0 always does: thread 0, the only one place_schedule() asks for the
+// totals (the header), holds them.
+__device__ __forceinline__ bool decides(const ScheduleInputs& in) { return in.batch > kWarp || threadIdx.x < kWarp; }
+
+// A reduction over the deciding threads, through `slots` when several warps decide.
+__device__ __forceinline__ Reducer reducer_of(const ScheduleInputs& in, unsigned* slots) {
+  return Reducer{in.batch <= kWarp ? nullptr : slots, static_cast<int>(threadIdx.x % kWarp),
+                 static_cast<int>(threadIdx.x / kWarp)};
+}
+
 // N words, each tagged with the build's sequence number in its high half, one
 // word a lane of warp 0 (one store instruction): the host takes them once
 // every word carries its number, so no word needs ordering against another,
@@ -624,20 +649,16 @@ __device__ __forceinline__ void publish(unsigned long long* words, unsigned long
 // the totals' reduction are on its latency path.
 __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArgs a) {
   __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];  // place_schedule()'s collectives
-  __shared__ unsigned totals_slots[kScheduleWarps * (2 * kPieces + 5)];
-  __shared__ unsigned chunk_slots[kScheduleWarps * (kPieces + 2) * kPlanCandidates];
+  __shared__ DecisionSlots slots;
   __shared__ int64_t decided_chunk;  // -1: rejected
   const ScheduleInputs& in = a.in;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  // Uniform over the block: warp 0 alone decides a batch it holds whole.
   const bool one_warp = in.batch <= kWarp;
-  // Warp 0 always decides: thread 0, the only one place_schedule() asks for
-  // the totals (the header), holds them.
   ScheduleTotals t;
-  if (!one_warp || warp == 0) {
+  if (decides(in)) {
     Share share{};
     uint32_t total_qo = 0;
-    t = reduce_totals(in, Reducer{one_warp ? nullptr : totals_slots, lane, warp}, share, total_qo);
+    t = reduce_totals(in, reducer_of(in, slots.totals), share, total_qo);
     const StagedVerdict v{static_cast<uint32_t>(t.error), static_cast<uint32_t>(t.max_qo_len),
                           static_cast<uint32_t>(t.max_kv_len), total_qo};
     if (t.error != 0) {  // uniform: every thread holds the same totals
@@ -660,8 +681,8 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
       if (threadIdx.x == 0) decided_chunk = -1;
     } else {
       if (warp == 0) publish(a.control + kVerdict, a.seq, v, lane, false);
-      const StagedCounts c = decide_chunk(in, a.layout, t, share, Reducer{one_warp ? nullptr : chunk_slots, lane, warp},
-                                          a.sms_magic, a.spare_magic);
+      const StagedCounts c =
+          decide_chunk(in, a.layout, t, share, reducer_of(in, slots.chunk), a.sms_magic, a.spare_magic);
       if (warp == 0) publish(a.control + kCounts, a.seq, c, lane, false);
       if (threadIdx.x == 0) decided_chunk = c.chunk_tiles;
     }
@@ -671,11 +692,38 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
   place_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t, decided_chunk, a.meta);
 }
 
-__global__ void __launch_bounds__(kScheduleThreads)
-    build_schedule_kernel(ScheduleInputs in, ScheduleLayout layout, int32_t* meta) {
+// The device-only schedule: the exchange's decision and placement without
+// the host. A batch with an invalid request (rare: the device-only path
+// flags them in the header instead of raising) takes build_schedule() itself,
+// which gives each such request no work and records its bits; for valid
+// batches the two agree bit for bit (the decision restates the shared
+// helpers, test_plan compares both with the host). The generic helpers' checked
+// 64-bit divisions one after another kept this kernel, which a CUDA graph
+// replays ahead of every decode, at 6.4-8.8 us back to back (session 12).
+__global__ void __launch_bounds__(kScheduleThreads, 1)
+    build_schedule_kernel(ScheduleInputs in, ScheduleLayout layout, int32_t* meta, uint64_t sms_magic,
+                          uint64_t spare_magic) {
   // int64 elements: the reductions store structs of int64 fields there.
   __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];
-  build_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, layout, meta);
+  __shared__ DecisionSlots slots;
+  __shared__ int64_t decided_chunk;  // -1: an invalid request
+  ScheduleTotals t;
+  if (decides(in)) {
+    Share share{};
+    uint32_t total_qo = 0;
+    t = reduce_totals(in, reducer_of(in, slots.totals), share, total_qo);
+    int64_t chunk = -1;
+    if (t.error == 0)  // uniform over the deciding threads
+      chunk = decide_chunk(in, layout, t, share, reducer_of(in, slots.chunk), sms_magic, spare_magic).chunk_tiles;
+    if (threadIdx.x == 0) decided_chunk = chunk;
+  }
+  __syncthreads();
+  const BlockExec ex{reinterpret_cast<unsigned char*>(smem)};
+  if (decided_chunk < 0) {
+    build_schedule(ex, in, layout, meta);
+    return;
+  }
+  place_schedule(ex, in, layout, true, t, decided_chunk, meta);
 }
 
 }  // namespace
@@ -774,8 +822,8 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   a.meta = meta;
   a.control = reinterpret_cast<unsigned long long*>(static_cast<char*>(s->mapped) + s->control_offset);
   a.seq = s->seq + 1;
-  a.sms_magic = reciprocal_of(static_cast<uint64_t>(in.num_sms));
-  a.spare_magic = layout.max_work > in.batch ? reciprocal_of(static_cast<uint64_t>(layout.max_work - in.batch)) : 0;
+  a.sms_magic = sms_magic_of(in);
+  a.spare_magic = spare_magic_of(in, layout);
   plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
   // Only a launched kernel consumes its number.
@@ -826,7 +874,8 @@ void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {
 void launch_build_schedule(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int device,
                            void* stream) {
   gpu::DeviceGuard guard(device);
-  build_schedule_kernel<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(in, layout, meta);
+  build_schedule_kernel<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(in, layout, meta, sms_magic_of(in),
+                                                                             spare_magic_of(in, layout));
   gpu::check_launch("plan: build_schedule_kernel");
 }
 
