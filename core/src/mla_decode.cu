@@ -164,16 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     cp_async16(s_q + swz(r, c, kChunks), valid ? src : qn, valid);
   }
 
-  const int64_t page_begin = item.page_begin, page_end = item.page_end;
-  const int64_t num_req_pages = page_end - page_begin;
-  // Positions are < item.end <= INT32_MAX (work items are int32), so 32-bit
-  // division suffices; a page larger than any position puts all in page 0.
-  // Powers of two (every engine's page size) shift instead: a 32-bit
-  // division is ~20 instructions, twice per tile per thread.
-  const uint32_t page_size =
-      p.pages.page_size > 0x7fffffff ? 0x80000000u : static_cast<uint32_t>(p.pages.page_size);
-  const bool pow2_pages = (page_size & (page_size - 1)) == 0;
-  const int page_shift = __ffs(static_cast<int>(page_size)) - 1;
+  const ItemPages<Idx> lookup(p.pages, item);
 
   const int64_t n_tiles =
       item.end > item.begin ? (item.end - item.begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
@@ -185,20 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   // lands at a fixed swizzled offset plus 128j bytes in every slot.
   const int ld_tok = tid >> 3, ld_sub = tid & 7;
   const uint32_t ld_dst = (ld_tok * kChunks + (ld_sub ^ (ld_tok & 7))) * 16;
-  auto fetch = [&](int64_t half) {
-    PageRef r{-1, 0};
-    const int64_t pos = item.begin + half * kHalfTokens + ld_tok;
-    if (pos < item.end) {
-      const uint32_t u = static_cast<uint32_t>(pos);
-      const uint32_t in_req = pow2_pages ? u >> page_shift : u / page_size;
-      r.off = static_cast<int32_t>(u - in_req * page_size);
-      if (in_req < num_req_pages) {
-        const int64_t raw = static_cast<int64_t>(p.pages.indices[(page_begin + in_req) * p.pages.indices_stride]);
-        r.page = raw > 0x7fffffff ? -1 : static_cast<int32_t>(raw);
-      }
-    }
-    return r;
-  };
+  auto fetch = [&](int64_t half) { return lookup(item.begin + half * kHalfTokens + ld_tok); };
   // Half `half` into ring slot `slot` (rows past the item are zero-filled, so
   // no stale shared memory ever meets a zero probability), then its commit
   // group; halves past the item commit an empty group, which keeps the

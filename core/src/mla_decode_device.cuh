@@ -92,6 +92,45 @@ struct PageRef {
   int32_t off;   // token offset inside the page
 };
 
+// The tiled kernels' loaders: token `pos` of a work item to its PageRef.
+// Positions are < item.end <= INT32_MAX (work items are int32), so 32-bit
+// division suffices; a page larger than any position puts all in page 0.
+// Powers of two (every engine's page size) shift instead: a 32-bit division
+// is ~20 instructions, and each loader thread looks up several tokens a tile.
+template <class Idx>
+struct ItemPages {
+  const PageTable<Idx>& pages;
+  int64_t first, count, end;  // the request's slots [first, first + count); the item's end
+  uint32_t page_size;
+  bool pow2;
+  int shift;
+
+  // The body, not the initializers: nvcc's host pass keeps a __device__
+  // constructor's initializer list, where __ffs is not declared.
+  __device__ __forceinline__ ItemPages(const PageTable<Idx>& t, const ItemView& item) : pages(t) {
+    first = item.page_begin;
+    count = item.page_end - item.page_begin;
+    end = item.end;
+    page_size = t.page_size > 0x7fffffff ? 0x80000000u : static_cast<uint32_t>(t.page_size);
+    pow2 = (page_size & (page_size - 1)) == 0;
+    shift = __ffs(static_cast<int>(page_size)) - 1;
+  }
+
+  __device__ __forceinline__ PageRef operator()(int64_t pos) const {
+    PageRef r{-1, 0};
+    if (pos < end) {
+      const uint32_t u = static_cast<uint32_t>(pos);
+      const uint32_t in_req = pow2 ? u >> shift : u / page_size;
+      r.off = static_cast<int32_t>(u - in_req * page_size);
+      if (in_req < count) {
+        const int64_t raw = static_cast<int64_t>(pages.indices[(first + in_req) * pages.indices_stride]);
+        r.page = raw > 0x7fffffff ? -1 : static_cast<int32_t>(raw);
+      }
+    }
+    return r;
+  }
+};
+
 #if defined(MLACORE_GPU_CUDA)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

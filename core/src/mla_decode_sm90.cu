@@ -141,14 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
-  const int64_t page_begin = item.page_begin, page_end = item.page_end;
-  const int64_t num_req_pages = page_end - page_begin;
-  // As in the mma.sync kernel: positions are < item.end <= INT32_MAX, so
-  // 32-bit division (a shift for power-of-two pages) suffices.
-  const uint32_t page_size =
-      p.pages.page_size > 0x7fffffff ? 0x80000000u : static_cast<uint32_t>(p.pages.page_size);
-  const bool pow2_pages = (page_size & (page_size - 1)) == 0;
-  const int page_shift = __ffs(static_cast<int>(page_size)) - 1;
+  const ItemPages<Idx> lookup(p.pages, item);
 
   const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
 
@@ -157,20 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // ld_tok + 16 q (q < 4) of a tile, chunk ld_sub of every column block: a
   // fixed swizzled offset per row plus kBlockBytes per block.
   const int ld_tok = wtid >> 3, ld_sub = wtid & 7;
-  auto fetch = [&](int64_t tile, int pass) {
-    PageRef r{-1, 0};
-    const int64_t pos = item.begin + tile * kTok + pass * kLdRows + ld_tok;
-    if (pos < item.end) {
-      const uint32_t u = static_cast<uint32_t>(pos);
-      const uint32_t in_req = pow2_pages ? u >> page_shift : u / page_size;
-      r.off = static_cast<int32_t>(u - in_req * page_size);
-      if (in_req < num_req_pages) {
-        const int64_t raw = static_cast<int64_t>(p.pages.indices[(page_begin + in_req) * p.pages.indices_stride]);
-        r.page = raw > 0x7fffffff ? -1 : static_cast<int32_t>(raw);
-      }
-    }
-    return r;
-  };
+  auto fetch = [&](int64_t tile, int pass) { return lookup(item.begin + tile * kTok + pass * kLdRows + ld_tok); };
   auto fetch_all = [&](int64_t tile, PageRef (&ref)[kLdPasses]) {
 #pragma unroll
     for (int q = 0; q < kLdPasses; ++q) ref[q] = fetch(tile, q);
