@@ -39,7 +39,10 @@ class Plan {
 
   nb::dict info() const {
     mlacore_plan_info i{};
-    check(mlacore_plan_get_info(plan_, &i));
+    // The first read after a device-input build waits for the exchange
+    // kernel's counts (normally a microsecond or two; longer only while the
+    // GPU is preempted), so other Python threads run meanwhile.
+    check(without_gil([&] { return mlacore_plan_get_info(plan_, &i); }));
     nb::dict d;
     d["batch"] = i.batch;
     d["num_work"] = i.num_work;
