@@ -811,7 +811,10 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   // On another stream the previous kernel, still deciding its chunk, could
   // send its counts after this one's and leave them under an older tag; on
   // the same stream it ends before this one starts. It has sent its verdict,
-  // so the wait is bounded by its chunk's decision.
+  // so the wait is bounded by its chunk's decision. Streams are told apart by
+  // handle: a stream destroyed while its kernel still decides and a new one
+  // handed the same handle within those microseconds would defeat the rule,
+  // and the next info() would wait for counts that never come.
   if (s->counting != 0 && s->counting_stream != stream) (void)wait_counts(s, s->counting);
   ExchangeArgs a;
   a.in = in;
