@@ -363,8 +363,8 @@ __device__ __forceinline__ unsigned warp_or(unsigned v) { return v; }
 // holds), else on all warps with one barrier per reduction: each warp leaves
 // its partials in its own slot and, after the barrier, finishes the
 // reduction itself from the slots (lane w reading warp w's), so no second
-// barrier hands a result back. Everything here sits between the kernel's
-// entry and the host's flag.
+// barrier hands a result back. The totals' reduction sits between the
+// kernel's entry and the host's verdict, the chunk's before info()'s counts.
 struct Reducer {
   unsigned* slots;  // kScheduleWarps * N words for this one reduction, or null: warp 0 alone
   int lane, warp;
@@ -411,7 +411,7 @@ struct Share {
   bool has_first;
 };
 
-// The chunk and the items and partials it gives, for the verdict.
+// The chunk and the items and partials it gives, for the counts.
 struct ChunkCounts {
   int64_t chunk, items, partials;
 };
@@ -439,7 +439,8 @@ __device__ __forceinline__ uint32_t ceil_by_magic(uint32_t n, uint64_t m) {
 // divisions issue together, and dividing by num_sms and the spare work through
 // the host's reciprocals: three division latencies deep (s0, the candidates,
 // the per-request splits), where the helpers' checked divisions ran one after
-// another (2.1 us of the kernel's 3.2-3.9 us before its verdict, session 12).
+// another (2.1 us of the kernel's 3.2-3.9 us before its verdict in session 12,
+// when the verdict waited for the chunk).
 // All operands stay below 2^31, so no sum or product below overflows its width.
 __device__ __forceinline__ ChunkCounts chunk_narrow(const ScheduleInputs& in, const ScheduleLayout& layout,
                                                    const ScheduleTotals& t, const Share& share,
