@@ -766,6 +766,8 @@ void spin_until(Seen seen, Stalled stalled) {
   }
 }
 
+}  // namespace
+
 // Waits for the counts of `seq`, a kernel that has sent its verdict, so it
 // runs and will send them: only a failing device (or a preempted context)
 // can hold them back. So the health check, every millisecond, only asks
@@ -773,7 +775,7 @@ void spin_until(Seen seen, Stalled stalled) {
 // always valid, returns a sticky error and never waits (a synchronization
 // would wait for all the device's work, other streams' included: session 13
 // saw a build under racecheck wait for a 1.5 s kernel on the default stream).
-StagedCounts wait_counts(Staging* s, uint64_t seq) {
+StagedCounts exchange_counts(Staging* s, uint64_t seq) {
   const uint64_t* words = s->control() + kCounts;
   StagedCounts c{};
   spin_until(
@@ -798,7 +800,6 @@ StagedCounts wait_counts(Staging* s, uint64_t seq) {
   if (s->counting == seq) s->counting = 0;
   return c;
 }
-}  // namespace
 
 uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, size_t off_len,
                          const ScheduleLayout& layout, int32_t* meta, void* stream) {
@@ -816,7 +817,7 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   // handle: a stream destroyed while its kernel still decides and a new one
   // handed the same handle within those microseconds would defeat the rule,
   // and the next info() would wait for counts that never come.
-  if (s->counting != 0 && s->counting_stream != stream) (void)wait_counts(s, s->counting);
+  if (s->counting != 0 && s->counting_stream != stream) (void)exchange_counts(s, s->counting);
   ExchangeArgs a;
   a.in = in;
   a.layout = layout;
@@ -864,8 +865,6 @@ StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream) {
   }
   return v;
 }
-
-StagedCounts exchange_counts(Staging* s, uint64_t seq) { return wait_counts(s, seq); }
 
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {
   gpu::DeviceGuard guard(s->device);
