@@ -472,7 +472,6 @@ def test_gpu_mixed_widths_and_strides_match_the_host(watchdog):
     assert torch.equal(plan.metadata.cpu(), host.metadata)
 
 
-
 @requires_cuda
 @pytest.mark.parametrize("B", [20, 80])
 def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watchdog):
@@ -502,6 +501,7 @@ def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watc
     plan.metadata.fill_(-777)
     plan.build_device(*tensors(*raw, "cuda"), page_size, 16)
     assert torch.equal(plan.metadata.cpu(), host.metadata)
+
 
 @requires_cuda
 def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):
