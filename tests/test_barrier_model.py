@@ -36,24 +36,35 @@ def test_protocol_holds_for_every_tile_count(model):
 def _arrive_before_own_wait(seqs):
     out = []
     for op in seqs:
-        if op[0] == "marrive":  # PFree arrival moved before this warpgroup's P V(t) completes
+        if op[:2] == ("marrive", "PFree"):  # PFree arrival moved before this warpgroup's P V(t) completes
             out.insert(max(i for i, x in enumerate(out) if x == ("ev", "PV1_done", op[2])), op)
         else:
             out.append(op)
     return out
 
 
-@pytest.mark.parametrize("broken", ["arrive_early", "wait_wrong_phase", "no_wait", "no_kvempty"])
+def _free_without_wait(ops):
+    # warpgroup 0 arrives on KvEmpty without first waiting for its P V of that tile
+    return [op for i, op in enumerate(ops) if not (op[1] == "PV0_done" and ops[i + 1][1] == "KvEmpty")]
+
+
+@pytest.mark.parametrize(
+    "broken", ["arrive_early", "wait_wrong_phase", "no_wait", "no_kvempty", "free_without_wait"]
+)
 def test_model_rejects_broken_protocols(model, broken, monkeypatch):
     wg0, wg1 = model.wg0, model.wg1
     if broken == "arrive_early":
         monkeypatch.setattr(model, "wg1", lambda n: _arrive_before_own_wait(wg1(n)))
     elif broken == "wait_wrong_phase":
-        monkeypatch.setattr(model, "wg0", lambda n: [(k, b, t - 1 if k == "mwait" else t) for k, b, t in wg0(n)])
+        monkeypatch.setattr(
+            model, "wg0", lambda n, early=frozenset(): [(k, b, t - 1 if k == "mwait" else t) for k, b, t in wg0(n, early)]
+        )
     elif broken == "no_wait":
-        monkeypatch.setattr(model, "wg0", lambda n: [op for op in wg0(n) if op[0] != "mwait"])
-    else:  # warpgroup 1 refills a stage without waiting for warpgroup 0's S and P V of it
-        monkeypatch.setattr(model, "wg0", lambda n: [op for op in wg0(n) if op[1] != "KvEmpty"])
+        monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): [op for op in wg0(n, early) if op[0] != "mwait"])
+    elif broken == "no_kvempty":  # warpgroup 1 refills a stage without waiting for warpgroup 0's S and P V of it
+        monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): [op for op in wg0(n, early) if op[1] != "KvEmpty"])
         monkeypatch.setattr(model, "wg1", lambda n: [op for op in wg1(n) if op[1] != "KvEmpty"])
+    else:
+        monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): _free_without_wait(wg0(n, frozenset(range(n)))))
     with pytest.raises((AssertionError, KeyError)):
         _holds(model, seed=3, rounds=100)

@@ -144,6 +144,13 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+// One arrival on mbarrier `bar` once every cp.async this thread issued so far
+// has landed (the pending count is raised now and lowered then, so the phase
+// also needs this thread's ordinary arrival).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Waits until at most `kPending` of this thread's newest cp.async groups are still in flight.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

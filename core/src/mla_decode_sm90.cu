@@ -25,35 +25,54 @@
 //  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
 //    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
 //    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
-// Named barriers (both warpgroups, 256 threads; "arrive" = bar.arrive by
-// one side, bar.sync by the other) and one mbarrier:
-//  - kBarKvFull (sync/sync): stage of tile t landed (every loader thread did
-//    cp.async.wait + fence.proxy.async) -> S(t).
+// Three named barriers (256 threads) and three mbarriers (waited for by the
+// parity of the phase; a phase two ahead of a wait never completes before
+// it, bench/cuda/wgmma_barrier_model.py checks):
+//  - kBarStart (sync/sync, once): Q and tile 0 landed (every thread did
+//    cp.async.wait + fence.proxy.async), the mbarriers initialized.
+//  - KvFull[s] (mbarriers, one a stage): tile t >= 1 lands in stage t % 2 on
+//    phase (t - 1) / 2. Each loader thread arrives twice a tile: through
+//    cp.async.mbarrier.arrive, once its copies have landed, and at once
+//    (release: the valid flags it stored). Both warpgroups wait, then
+//    fence.proxy.async for their own wgmma reads of the stage.
 //  - kBarPFull (sync/sync): P(t), alpha(t) stored and fenced -> P V(t).
-//  - PFree (a shared-memory mbarrier: WG1's 128 threads arrive on phase t,
-//    WG0 waits for it by parity): WG1's P V(t) completed and alpha(t) read,
-//    so P and alpha may be overwritten by tile t+1. An mbarrier and not a
-//    named barrier with bar.arrive because racecheck does not model
-//    bar.arrive: it reported hazards on this hand-off (and past the next
-//    __syncthreads) that bench/cuda/racecheck_arrive_probe.cu reproduces and
-//    that vanish with the mbarrier, at the same speed.
+//  - PFree (mbarrier: WG1's 128 threads arrive on phase t, WG0 waits): WG1's
+//    P V(t) completed and alpha(t) read, so P and alpha may be overwritten
+//    by tile t+1.
 //  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
 //    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
-// Per tile t, warpgroup 0: sync KvFull(t) (t > 0); issue S(t), commit;
-// wait_group 1 (P V(t-1) done) -> arrive KvEmpty (0 < t < n-1); wait_group 0
-// (S(t)); softmax; O *= alpha; wait PFree(t-1) (t > 0); store P, alpha; fence;
-// sync PFull(t); issue P V(t) from registers, commit (waited for in the
-// next tile; P's registers stay untouched until then).
-// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; issue P V(t),
-// commit; (t + 1 < n:) cp.async.wait (tile t+1) + fence, sync KvFull(t+1);
-// wait_group 0 (P V(t)); (t + 1 < n:) arrive PFree; (t + 2 < n:) sync
-// KvEmpty (stage t % 2), issue tile t+2 into it. Every barrier is entered
-// by both sides exactly once per use, under the same tile-count conditions.
-// Tile t+1 is published before warpgroup 1 waits for its own P V(t), so
-// warpgroup 0 issues S(t+1) right behind both halves of P V(t) and the
-// tensor cores idle only during warpgroup 0's softmax. The load of tile
-// t+2 is issued once both P V(t) complete (KvEmpty) and is needed once
-// warpgroup 1 has issued P V(t+1): S(t+1) and its softmax of latency hiding.
+// Racecheck does not model bar.arrive: once one is used it reports hazards,
+// even past the next __syncthreads, on accesses that barrier orders
+// (bench/cuda/racecheck_arrive_probe.cu; PFree is an mbarrier for that
+// reason, at no cost). KvEmpty's arrive went unreported while warpgroup 1
+// was always waiting at it first; since warpgroup 0 may free a stage early
+// (below) racecheck reports the epilogue's staging stores against its
+// reads, on either side of a __syncthreads. As an mbarrier KvEmpty is clean
+// under racecheck but costs all of session 14's gain (warpgroup 1's wait,
+// not the arrivals: one arrival a warp was as slow), so it is one only in
+// racecheck builds (MLACORE_RACECHECK_BARRIERS, meson -Dracecheck_barriers).
+// Warpgroup 0 never blocks on KvEmpty: its four warps may take different
+// paths below, and a warp blocked there while the others wait for it at
+// S's wgmma deadlocks (bar.sync on both sides did, session 14).
+// Per tile t, warpgroup 0: (t > 0:) if tile t has not landed and t + 1 < n,
+// wait_group 0 (P V(t-1)) and arrive KvEmpty(t-1) first; wait KvFull(t);
+// issue S(t), commit; (not yet arrived, 0 < t < n-1:) wait_group 1 (P V(t-1))
+// -> arrive KvEmpty(t-1); wait_group 0 (S(t)); softmax; O *= alpha; wait
+// PFree(t-1) (t > 0); store P, alpha; fence; sync PFull(t); issue P V(t)
+// from registers, commit (waited for in the next tile; P's registers stay
+// untouched until then).
+// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; wait KvFull(t)
+// (t > 0); issue P V(t), commit; wait_group 0; (t + 1 < n:) arrive PFree;
+// (t + 2 < n:) wait KvEmpty(t), issue tile t+2 into stage t % 2. Both sides
+// use every barrier under the same tile-count conditions.
+// Why mbarriers for KvFull (session 14): with a named barrier, warpgroup 1
+// waited for tile t+1 to land (cp.async.wait_group) before it could free
+// and refill stage t % 2, so one tile was in flight at a time and every
+// tile's load latency was exposed; now tile t+2 is issued while tile t+1
+// is still landing, and warpgroup 0 frees the stage before it waits for a
+// late tile. Two tiles in flight: run() 2.7-3.7% faster at heads=128.
+// Warpgroup 0 issues S(t+1) right behind both halves of P V(t), so the
+// tensor cores idle only during warpgroup 0's softmax.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -79,7 +98,15 @@ constexpr int kStages = 2;
 constexpr int kLdRows = 16;  // token rows the 128 loader threads cover per pass (8 threads a row)
 constexpr int kLdPasses = kTok / kLdRows;
 // Named barrier ids (0 is __syncthreads).
-constexpr int kBarKvFull = 1, kBarKvEmpty = 2, kBarPFull = 3;
+constexpr int kBarStart = 1, kBarKvEmpty = 2, kBarPFull = 3;
+// KvEmpty as an mbarrier (racecheck builds, meson -Dracecheck_barriers=true)
+// or a named barrier that warpgroup 0 enters with bar.arrive (see above).
+constexpr bool kKvEmptyMbarrier =
+#if defined(MLACORE_RACECHECK_BARRIERS)
+    true;
+#else
+    false;
+#endif
 // shared memory, bytes from a 1024-aligned base (the swizzle pattern of every
 // operand must start on a 1024-byte boundary: descriptor base offset 0)
 constexpr int kOffQ = 0;
@@ -89,7 +116,9 @@ constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of th
 constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
 constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok], 0 or 1
 constexpr int kOffPFree = kOffValid + kStages * kTok;  // uint64: the PFree mbarrier
-constexpr int kSmemUsed = kOffPFree + 8;
+constexpr int kOffFull = kOffPFree + 8;                // uint64[kStages]: the KvFull mbarriers
+constexpr int kOffEmpty = kOffFull + kStages * 8;      // uint64: the KvEmpty mbarrier (racecheck builds)
+constexpr int kSmemUsed = kOffEmpty + 8;
 // The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
 // slack lets the kernel round it up.
 constexpr int kSmem = kSmemUsed + 1024;
@@ -101,7 +130,7 @@ static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0,
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
 static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
 static_assert(kLdPasses * kLdRows == kTok, "the loader covers a tile in whole passes");
-static_assert(0 < kBarKvFull && kBarKvFull < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < 16,
+static_assert(0 < kBarStart && kBarStart < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < 16,
               "distinct named barrier ids, none of them 0 (__syncthreads)");
 
 template <bool kBf16, class Idx>
@@ -121,6 +150,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
   unsigned char* s_valid = smem + kOffValid;
   const uint32_t s_pfree = s_base + kOffPFree;
+  const uint32_t s_full = s_base + kOffFull;  // + 8 * stage
+  const uint32_t s_empty = s_base + kOffEmpty;
+  // KvEmpty(t): warpgroup 0 is through with stage t % 2; warpgroup 1 waits
+  // for it before refilling the stage with tile t+2.
+  auto free_stage = [&] {
+    if constexpr (kKvEmptyMbarrier) wg::mbar_arrive(s_empty);
+    else wg::bar_arrive(kBarKvEmpty, kThreads);
+  };
+  auto wait_stage_free = [&](int64_t t) {
+    if constexpr (kKvEmptyMbarrier) wg::mbar_wait(s_empty, static_cast<uint32_t>(t & 1));
+    else wg::bar_sync(kBarKvEmpty, kThreads);
+  };
+  // Tile t >= 1 lands in stage t % 2 on phase (t - 1) / 2 of that stage's
+  // KvFull mbarrier (tile 0 is the prologue's).
+  auto full_parity = [](int64_t t) { return static_cast<uint32_t>(((t - 1) >> 1) & 1); };
 
   // Lets the combine kernel launch once every CTA of this grid is resident;
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
@@ -157,7 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   };
   // Tile `tile` into stage `stage` (rows past the item zero-filled, so no
   // stale shared memory meets a zero probability), then its commit group;
-  // tiles past the item commit an empty group.
+  // tiles past the item commit an empty group. Tiles after the first also
+  // arrive on their stage's KvFull mbarrier: once when this thread's copies
+  // land and once now, which releases the valid flags stored here.
   auto issue = [&](int64_t tile, int stage, const PageRef (&ref)[kLdPasses]) {
     if (tile < n_tiles) {
 #pragma unroll
@@ -173,6 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         for (int j = 0; j < kCkvDim / 64; ++j) cp_async16(dst + j * kBlockBytes, crow + 64 * j, valid);
         cp_async16(dst + (kCkvDim / 64) * kBlockBytes, krow, valid);
         if (ld_sub == 0) s_valid[stage * kTok + tok] = valid;
+      }
+      if (tile > 0) {
+        cp_async_arrive(s_full + 8 * stage);
+        wg::mbar_arrive(s_full + 8 * stage);
       }
     }
     cp_async_commit();
@@ -197,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // Warpgroup 0's running maximum and (per-thread partial) row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  // Prologue: Q and tile 0, published by the first kBarKvFull; then tile 1
+  // Prologue: Q and tile 0, published by kBarStart; then tile 1
   // (empty groups past the item), which lands during S(0) and its softmax.
   // Issuing tile 1 with them held the first S back: every CTA starts at
   // once, and an SM's loads arrive at a bounded rate, so the extra 72 KB in
@@ -236,10 +286,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   }
   cp_async_wait_all();      // Q (and tile 0 in warpgroup 1)
   wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
-  if (tid == 0) wg::mbar_init(s_pfree, kThreads / 2);  // published by the barrier below
-  wg::bar_sync(kBarKvFull, kThreads);
+  if (tid == 0) {  // published by the barrier below
+    wg::mbar_init(s_pfree, kThreads / 2);
+    for (int st = 0; st < kStages; ++st) wg::mbar_init(s_full + 8 * st, kThreads / 2);
+    if (kKvEmptyMbarrier) wg::mbar_init(s_empty, kThreads / 2);
+  }
+  wg::bar_sync(kBarStart, kThreads);
   if (g == 1) {
-    // Stage 1 is untouched until S(1), after the kBarKvFull that waits for it.
+    // Stage 1 is untouched until S(1), after the KvFull wait for it.
     issue(1, 1, next);
     fetch_all(2, next);
   }
@@ -260,7 +314,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     for (int j = 0; j < kTok / 4; ++j) pk[j] = 0u;
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
-      if (it > 0) wg::bar_sync(kBarKvFull, kThreads);  // tile `it` landed (warpgroup 1 waited + fenced)
+      // Whether KvEmpty(it-1) was already arrived on: when tile `it` has not
+      // landed, this warp waits for its P V(it-1) first and frees stage
+      // (it-1) % 2 before waiting, so warpgroup 1 issues tile it+1 while tile
+      // `it` is still in flight (session 14: about 1% faster at batch 32,
+      // page size 1, than always freeing it after S(it), as when the tile
+      // has landed; the same at the other shapes).
+      bool freed = false;
+      if (it > 0) {
+        const uint32_t full = s_full + 8 * stage, parity = full_parity(it);
+        if (it + 1 < n_tiles && !__all_sync(0xffffffffu, wg::mbar_test(full, parity))) {
+          wg::wait<0>();
+          free_stage();
+          freed = true;
+        }
+        wg::mbar_wait(full, parity);  // tile `it` landed: its copies and valid flags
+        wg::fence_proxy_async();      // seen by this thread, next read by wgmma
+      }
       const uint32_t kv = s_kv + stage * kTileBytes;
       const int64_t tile_start = item.begin + it * kTok;
 
@@ -277,12 +347,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
       }
       wg::commit();
-      if (it > 0 && it + 1 < n_tiles) {
+      if (it > 0 && it + 1 < n_tiles && !freed) {
         // P V(it-1), committed before S(it), is complete: with S(it-1) long
         // done, this warpgroup is through with stage (it-1) % 2, which
         // warpgroup 1 refills with tile it+1.
         wg::wait<1>();
-        wg::bar_arrive(kBarKvEmpty, kThreads);
+        free_stage();
       }
       wg::wait<0>();  // S(it) and P V(it-1)
       wg::fence_regs(s);
@@ -426,6 +496,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         o[4 * j + 2] *= alpha1;
         o[4 * j + 3] *= alpha1;
       }
+      if (it > 0) {
+        // Tile `it` landed (warpgroup 0 has seen it too, before PFull): this
+        // thread's own acquire of the copies, then the proxy fence.
+        wg::mbar_wait(s_full + 8 * stage, full_parity(it));
+        wg::fence_proxy_async();
+      }
       wg::fence_regs(o);
       wg::fence();
 #pragma unroll
@@ -433,14 +509,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
                                         desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
       wg::commit();
-      if (it + 1 < n_tiles) {
-        // Tile it+1 (the only cp.async group in flight) -> published to both
-        // warpgroups while this P V(it) runs, so warpgroup 0 issues S(it+1)
-        // right behind it.
-        cp_async_wait_all();
-        wg::fence_proxy_async();
-        wg::bar_sync(kBarKvFull, kThreads);
-      }
       wg::wait<0>();
       wg::fence_regs(o);
       if (it + 1 < n_tiles) {
@@ -449,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         if (it + 2 < n_tiles) {
           // Stage it % 2: this warpgroup's P V(it) is complete (above);
           // warpgroup 0 says when its S(it) and P V(it) are.
-          wg::bar_sync(kBarKvEmpty, kThreads);
+          wait_stage_free(it);
           issue(it + 2, stage, next);
           fetch_all(it + 3, next);
         }

@@ -122,6 +122,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity) : "memory");
 }
 
+// Whether the phase of `parity` has completed, without waiting (acquire when it has).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Stores two 16-bit elements (columns col, col + 1; col even) of row `row`
 // of a 64-column K-major block at `block`: how accumulator pairs become an A
 // operand in shared memory.
