@@ -51,9 +51,10 @@
 // under racecheck but costs all of session 14's gain (warpgroup 1's wait,
 // not the arrivals: one arrival a warp was as slow), so it is one only in
 // racecheck builds (MLACORE_RACECHECK_BARRIERS, meson -Dracecheck_barriers).
-// Warpgroup 0 never blocks on KvEmpty: its four warps may take different
-// paths below, and a warp blocked there while the others wait for it at
-// S's wgmma deadlocks (bar.sync on both sides did, session 14).
+// Warpgroup 0 never blocks on KvEmpty: with bar.sync on both sides the
+// kernel hung (session 14), most likely because its four warps decide the
+// early free below each for itself, and a warp held at KvEmpty before S
+// waits for warps that are held at S's wgmma waiting for it.
 // Per tile t, warpgroup 0: (t > 0:) if tile t has not landed and t + 1 < n,
 // wait_group 0 (P V(t-1)) and arrive KvEmpty(t-1) first; wait KvFull(t);
 // issue S(t), commit; (not yet arrived, 0 < t < n-1:) wait_group 1 (P V(t-1))
