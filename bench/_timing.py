@@ -65,14 +65,10 @@ class L2Flush:
 def device_ms(fn, repeats=50, warmup=5, flush=None, settle_s=0.1):
     """Median device time of fn() in milliseconds, CUDA events, L2 flushed between calls.
 
-    The warm-up runs at least `warmup` calls and at least `settle_s` seconds. Right
+    The warm-up runs at least `warmup` calls and at least `settle_s` seconds: right
     after a step that freed and allocated gigabytes (`--mode cat`, a pool row), whatever
-    ran first was about 10% slow for tens of milliseconds, whichever kernel it was
-    (session 15 on the H200: the bare-read floor itself, timed first after `--mode cat`,
-    106.6 against 95.8 us; the cause, likely the driver's work on that memory, is not
-    confirmed). Five calls did not outlast it, so it landed in the first row's median
-    (heads=16 (8, 32768) page 1 at 1.13x the floor instead of 1.05x) and in every pool
-    row after the first."""
+    kernel ran first was about 10% slow for tens of milliseconds, longer than five calls,
+    so it landed in that row's median (docs/PERFORMANCE.md, Method, has the numbers)."""
     import torch
 
     t0, done = time.perf_counter(), 0
