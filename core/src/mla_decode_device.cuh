@@ -58,9 +58,11 @@ __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
 
 // The tiled decode kernels (mma.sync, wgmma) run a one-dimensional grid,
 // work item-major: block w * tiles + y is query tile y of work item w. The
-// tiles of an item, which read the same KV rows, start side by side (the
-// second reader finds them in L2), and every real item's CTAs are scheduled
-// before those of the padding items past num_work, which exit at once.
+// tiles of an item, which read the same KV rows, start side by side (so the
+// second reader may find them in L2: not measured on its own; fb1d4d4's gain,
+// PERFORMANCE.md, is this and the padding order together), and every real
+// item's CTAs are scheduled before those of the padding items past num_work,
+// which exit at once.
 // (With items along x and tiles along y, tile 1 of every item waited behind
 // all the padding items of tile 0.)
 struct CtaCoord {
