@@ -1,4 +1,4 @@
-"""A plain Python decode schedule in the layout of core/src/decode_schedule.h.
+"""A plain Python decode schedule in the layout of core/src/plan/schedule.h.
 
 Tests use it to force particular splits (chunk sizes the plan builder would
 not pick) and feed them straight to the core's decode; the package itself
@@ -12,7 +12,7 @@ _HDR_SIZE = 8      # kHdrSize
 
 
 def _layout(max_batch, max_work):
-    """Offsets of ScheduleLayout (core/src/decode_schedule.h): last_page_len, split_indptr, work, total."""
+    """Offsets of ScheduleLayout (core/src/plan/schedule.h): last_page_len, split_indptr, work, total."""
     last_page_len = _HDR_SIZE
     split_indptr = last_page_len + max_batch
     work = (split_indptr + max_batch + 1 + 3) // 4 * 4

@@ -25,7 +25,7 @@ def device(request):
 
 # --- hypothesis profiles ---------------------------------------------------------------
 # MLACORE_HYPOTHESIS_PROFILE=sanitizer (set by the sanitizer-all step of
-# tests/gpu/run_h200.sh): under compute-sanitizer every launch costs
+# tools/gpu_run.sh): under compute-sanitizer every launch costs
 # milliseconds, so every property test runs at most this many examples, its
 # own @settings(max_examples=...) notwithstanding (see
 # pytest_collection_modifyitems), with no deadline and no example database

@@ -647,7 +647,7 @@ def test_gpu_many_batches_per_block(index_dtype):
 
 
 # --- GPU: the fast kernels ----------------------------------------------------------------
-# core/src/paged_append.cu routes, on a CUDA build holding sm_90 code for the device (an H200
+# core/src/append/paged_append.cu routes, on a CUDA build holding sm_90 code for the device (an H200
 # with the default sm_targets), MLA rows of 1024 + 128 bytes (512 + 64 in bf16/fp16) to
 # append_bulk_kernel (cp.async.bulk) at page sizes >= 16 and to append_warp_kernel below, K/V
 # rows of 2048 bytes a stream (8 heads x 128 in bf16/fp16, 8 x 64 in fp32; NHD or HND) to

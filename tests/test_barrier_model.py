@@ -1,4 +1,4 @@
-"""The wgmma decode kernel's barrier protocol, as bench/cuda/wgmma_barrier_model.py
+"""The wgmma decode kernel's barrier protocol, as tests/_wgmma_barrier_model.py
 transcribes it (no GPU): the protocol holds for every tile count, and the model
 still rejects the mistakes it exists to catch, so a change to either that
 weakens it fails here."""
@@ -9,13 +9,11 @@ import random
 
 import pytest
 
-MODEL = pathlib.Path(__file__).resolve().parent.parent / "bench" / "cuda" / "wgmma_barrier_model.py"
+MODEL = pathlib.Path(__file__).resolve().parent / "_wgmma_barrier_model.py"
 
 
 @pytest.fixture()
 def model():
-    if not MODEL.exists():
-        pytest.skip("bench/cuda is not next to the tests (installed tests only)")
     spec = importlib.util.spec_from_file_location("wgmma_barrier_model", MODEL)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)

@@ -7,7 +7,7 @@ import torch
 
 from . import _mlacore
 
-# Mirrors of core/src/decode_schedule.h: header slots and the tile sizes.
+# Mirrors of core/src/plan/schedule.h: header slots and the tile sizes.
 HEADER_FIELDS = ("num_work", "num_partials", "batch", "max_qo_len", "max_kv_len", "chunk_tokens", "total_qo", "error")
 DECODE_TILE_TOKENS = 64
 DECODE_TILE_ROWS = 64
@@ -52,7 +52,7 @@ class MlaPlan:
 
     `MlaPlan(device, max_batch, max_work=None, num_sms=None)` allocates
     `.metadata`, an int32 tensor on `device` laid out as in
-    core/src/decode_schedule.h (header, kv_last_page_len, split_indptr, work
+    core/src/plan/schedule.h (header, kv_last_page_len, split_indptr, work
     items), once. Each build rewrites it in place, so its address is stable
     (CUDA graphs can capture kernels that read it).
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "aiter_abi.h"
+#include "backends/aiter/aiter_abi.h"
 
 #ifndef FAKE_ABI_VERSION
 #define FAKE_ABI_VERSION 1

@@ -1,4 +1,4 @@
-// Contract test for the AITER runtime loader (core/src/aiter_loader.cpp).
+// Contract test for the AITER runtime loader (core/src/backends/aiter/aiter_loader.cpp).
 // One process per case, since the probe runs once per process: meson runs
 // this driver several times with MLACORE_AITER_LIB pointing at a fake AITER
 // build (tests/cpp/fake_aiter.cpp), a corrupt file or nothing.
@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "aiter_loader.h"
+#include "backends/aiter/aiter_loader.h"
 #include "check.h"
 
 namespace {

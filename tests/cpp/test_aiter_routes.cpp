@@ -1,5 +1,5 @@
-// Contract test of the AITER routes (core/src/aiter_decode.cpp,
-// core/src/aiter_cache_write.cpp, the gates in core/src/backend_route.cpp):
+// Contract test of the AITER routes (core/src/backends/aiter/aiter_decode.cpp,
+// core/src/backends/aiter/aiter_cache_write.cpp, the gates in core/src/backends/backend_route.cpp):
 // the public C ABI driven on CPU tensors against the fake AITER of
 // tests/cpp/fake_aiter.cpp, with MLACORE_AITER_CPU_CONTRACT=1 letting the
 // device gate accept the CPU (the test hook; real AITER needs ROCm memory).

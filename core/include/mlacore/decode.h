@@ -1,7 +1,7 @@
 /* mlacore: MLA decode over a paged KV cache (part of the C ABI, see mlacore.h).
  *
  * One call runs a planned decode schedule (the int32 `metadata` written by the
- * plan builder, layout in core/src/decode_schedule.h): every work item attends
+ * plan builder, layout in core/src/plan/schedule.h): every work item attends
  * the query rows of one request to a KV token range, split requests leave fp32
  * partials in `workspace`, and a combine pass merges them by LSE.
  */

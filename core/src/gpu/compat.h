@@ -58,7 +58,7 @@ using gpuDeviceAttr = cudaDeviceAttr;
 #include <atomic>
 #include <cstdint>
 
-#include "../error.h"
+#include "common/error.h"
 
 namespace mlacore::gpu {
 

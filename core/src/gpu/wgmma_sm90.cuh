@@ -1,5 +1,5 @@
 // wgmma (sm_90a) building blocks shared by the MLA decode kernel
-// (mla_decode_sm90.cu) and its standalone check (bench/cuda/wgmma_probe.cu),
+// (mla_decode_sm90.cu) and its standalone check (tests/cpp/test_wgmma_sm90.cu),
 // so the probe exercises exactly the descriptors, swizzle and fragment
 // mapping the kernel relies on.
 //

@@ -1,0 +1,153 @@
+#include "common/tensor.h"
+
+#include "common/error.h"
+
+namespace mlacore {
+
+DType dtype_of(const DLDataType& t) noexcept {
+  if (t.lanes != 1) return DType::Other;
+  switch (t.code) {
+    case kDLFloat:
+      return t.bits == 16 ? DType::F16 : t.bits == 32 ? DType::F32 : t.bits == 64 ? DType::F64 : DType::Other;
+    case kDLBfloat:
+      return t.bits == 16 ? DType::BF16 : DType::Other;
+    case kDLInt:
+      return t.bits == 32 ? DType::I32 : t.bits == 64 ? DType::I64 : t.bits == 8 ? DType::I8 : DType::Other;
+    case kDLUInt:
+      return t.bits == 8 ? DType::U8 : DType::Other;
+    default:
+      return DType::Other;
+  }
+}
+
+const char* dtype_name(DType d) noexcept {
+  switch (d) {
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+    case DType::I8: return "int8";
+    default: return "unsupported-dtype";
+  }
+}
+
+int64_t itemsize(DType d) noexcept {
+  switch (d) {
+    case DType::F16: case DType::BF16: return 2;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F64: case DType::I64: return 8;
+    case DType::U8: case DType::I8: return 1;
+    default: return 0;
+  }
+}
+
+std::string shape_str(const DLTensor& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim; ++i) {
+    s += std::to_string(t.shape[i]);
+    if (i + 1 < t.ndim || t.ndim == 1) s += ",";
+    if (i + 1 < t.ndim) s += " ";
+  }
+  return s + ")";
+}
+
+Arg::Arg(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
+  if (tensor == nullptr) type_error(name, ": expected a tensor, got NULL");
+  if (tensor->ndim < 0 || tensor->ndim > 8 || (tensor->ndim > 0 && tensor->shape == nullptr))
+    value_error(name, ": malformed DLTensor (ndim ", tensor->ndim, ")");
+  for (int i = 0; i < tensor->ndim; ++i)
+    if (tensor->shape[i] < 0) value_error(name, ": malformed DLTensor (negative size in dim ", i, ")");
+  dtype_ = dtype_of(tensor->dtype);
+}
+
+int64_t Arg::stride(int dim) const noexcept {
+  if (t_->strides != nullptr) return t_->strides[dim];
+  int64_t s = 1;
+  for (int i = t_->ndim - 1; i > dim; --i) s *= t_->shape[i];
+  return s;
+}
+
+int64_t Arg::numel() const noexcept {
+  int64_t n = 1;
+  for (int i = 0; i < t_->ndim; ++i) n *= t_->shape[i];
+  return n;
+}
+
+DeviceKind Arg::device() const noexcept {
+  switch (t_->device.device_type) {
+    case kDLCPU: case kDLCUDAHost: case kDLROCMHost: return DeviceKind::CPU;
+    case kDLCUDA: case kDLCUDAManaged: return DeviceKind::CUDA;
+    case kDLROCM: return DeviceKind::ROCM;
+    default: return DeviceKind::Other;
+  }
+}
+
+std::string Arg::device_str() const {
+  switch (device()) {
+    case DeviceKind::CPU: return "cpu";
+    case DeviceKind::CUDA: return cat("cuda:", device_id());
+    case DeviceKind::ROCM: return cat("rocm:", device_id());
+    default: return cat("device type ", int(t_->device.device_type));
+  }
+}
+
+std::string Arg::describe() const {
+  return cat(dtype_name(dtype_), " tensor of shape ", shape_str(*t_), " on ", device_str());
+}
+
+void Arg::fail(const std::string& expected) const {
+  value_error(name_, ": expected ", expected, ", got ", describe());
+}
+
+void Arg::expect_ndim(int n) const {
+  if (ndim() != n) fail(cat(n, "-D tensor"));
+}
+
+void Arg::expect_dtype(std::initializer_list<DType> allowed) const {
+  for (DType d : allowed)
+    if (d == dtype_) return;
+  std::string names;
+  for (DType d : allowed) names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
+  fail(names);
+}
+
+void Arg::expect_size(int dim, int64_t expected, const char* what) const {
+  if (ndim() <= dim || size(dim) != expected)
+    fail(cat("size ", expected, what ? cat(" (", what, ")") : std::string(), " in dim ", dim));
+}
+
+void Arg::expect_index_vector(int64_t length, const char* length_desc) const {
+  const bool ok_kind = ndim() == 1 && (dtype_ == DType::I32 || dtype_ == DType::I64);
+  const bool ok_len = length < 0 || (ndim() == 1 && size(0) == length);
+  if (ok_kind && ok_len) return;
+  std::string expected = "1-D int32 or int64";
+  if (length >= 0) {
+    expected += " of length ";
+    expected += length_desc ? cat(length_desc, "=", length) : std::to_string(length);
+  }
+  fail(expected);
+}
+
+void Arg::expect_same_device(const Arg& other) const {
+  if (device() != other.device() || (!on_cpu() && device_id() != other.device_id()))
+    value_error(name_, ": expected a tensor on ", other.device_str(), " (the device of ", other.name(),
+                "), got one on ", device_str());
+}
+
+void Arg::expect_last_dim_contiguous() const {
+  if (ndim() > 0 && size(ndim() - 1) > 1 && stride(ndim() - 1) != 1)
+    fail(cat("a contiguous last dimension (stride 1), stride is ", stride(ndim() - 1)));
+}
+
+void Arg::expect_contiguous() const {
+  int64_t expected = 1;
+  for (int i = ndim() - 1; i >= 0; --i) {
+    if (size(i) != 1 && stride(i) != expected) fail("a contiguous tensor");
+    expected *= size(i);
+  }
+}
+
+}  // namespace mlacore

@@ -1,0 +1,660 @@
+// MLA decode with wgmma (sm_90a), for 64-row query tiles (heads >= 32, or
+// MTP). Same contract as mla_decode.cu's mma.sync kernel: one CTA per (work
+// item, 64 packed query rows), 64-token KV tiles gathered through the page
+// table, online softmax in base 2, the same direct / partial epilogue, so the
+// combine kernel and the schedule are shared.
+//
+// Why: the mma.sync kernel re-reads K and V from shared memory with ldmatrix
+// once per 16 query rows and is issue bound at heads=128. wgmma reads each
+// shared-memory operand once per 64 rows, asynchronously.
+//
+// Shared memory: Q (64 x 576) and each of two KV stages (64 x 576) in the
+// 128-byte-swizzle K-major layout of gpu/wgmma_sm90.cuh (9 column blocks of
+// 64 elements), P (64 x 64, one K-major block), the per-row rescale factors
+// of the current tile, row sums, per-token valid flags. No room for a third
+// stage or a second P buffer (227 KB).
+//
+// Two warpgroups with different roles (the FlashMLA split), O's 512 columns
+// halved between them (128 fp32 accumulators per thread each):
+//  - warpgroup 0 (softmax): S = Q K^T for the whole tile (m64n64k16, 36
+//    k-steps, one read of Q per tile), mask, row maxima (a quad shuffle: it
+//    holds whole rows), P and the rescale factors alpha -> shared memory for
+//    warpgroup 1, O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256]
+//    (m64n256k16 with P as the register A operand: the S accumulator packed
+//    pairwise is the A fragment, wgmma_sm90.cuh acc_to_a).
+//  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
+//    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
+//    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
+// Three named barriers (256 threads) and three mbarriers (waited for by the
+// parity of the phase; a phase two ahead of a wait never completes before
+// it, tests/_wgmma_barrier_model.py checks):
+//  - kBarStart (sync/sync, once): Q and tile 0 landed (every thread did
+//    cp.async.wait + fence.proxy.async), the mbarriers initialized.
+//  - KvFull[s] (mbarriers, one a stage): tile t >= 1 lands in stage t % 2 on
+//    phase (t - 1) / 2. Each loader thread arrives twice a tile: through
+//    cp.async.mbarrier.arrive, once its copies have landed, and at once
+//    (release: the valid flags it stored). Both warpgroups wait, then
+//    fence.proxy.async for their own wgmma reads of the stage.
+//  - kBarPFull (sync/sync): P(t), alpha(t) stored and fenced -> P V(t).
+//  - PFree (mbarrier: WG1's 128 threads arrive on phase t, WG0 waits): WG1's
+//    P V(t) completed and alpha(t) read, so P and alpha may be overwritten
+//    by tile t+1.
+//  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
+//    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
+// Racecheck does not model bar.arrive: once one is used it reports hazards,
+// even past the next __syncthreads, on accesses that barrier orders
+// (research/probes/racecheck_arrive_probe.cu; PFree is an mbarrier for that
+// reason, at no cost). KvEmpty's arrive went unreported while warpgroup 1
+// was always waiting at it first; since warpgroup 0 may free a stage early
+// (below) racecheck reports the epilogue's staging stores against its
+// reads, on either side of a __syncthreads. As an mbarrier KvEmpty is clean
+// under racecheck but costs all of session 14's gain (warpgroup 1's wait,
+// not the arrivals: one arrival a warp was as slow), so it is one only in
+// racecheck builds (MLACORE_RACECHECK_BARRIERS, meson -Dracecheck_barriers).
+// Warpgroup 0 never blocks on KvEmpty: with bar.sync on both sides the
+// kernel hung (session 14), most likely because its four warps decide the
+// early free below each for itself, and a warp held at KvEmpty before S
+// waits for warps that are held at S's wgmma waiting for it.
+// Per tile t, warpgroup 0: (t > 0:) if tile t has not landed and t + 1 < n,
+// wait_group 0 (P V(t-1)) and arrive KvEmpty(t-1) first; wait KvFull(t);
+// issue S(t), commit; (not yet arrived, 0 < t < n-1:) wait_group 1 (P V(t-1))
+// -> arrive KvEmpty(t-1); wait_group 0 (S(t)); softmax; O *= alpha; wait
+// PFree(t-1) (t > 0); store P, alpha; fence; sync PFull(t); issue P V(t)
+// from registers, commit (waited for in the next tile; P's registers stay
+// untouched until then).
+// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; wait KvFull(t)
+// (t > 0); issue P V(t), commit; wait_group 0; (t + 1 < n:) arrive PFree;
+// (t + 2 < n:) wait KvEmpty(t), issue tile t+2 into stage t % 2. Both sides
+// use every barrier under the same tile-count conditions.
+// Why mbarriers for KvFull (session 14): with a named barrier, warpgroup 1
+// waited for tile t+1 to land (cp.async.wait_group) before it could free
+// and refill stage t % 2, so one tile was in flight at a time and every
+// tile's load latency was exposed; now tile t+2 is issued while tile t+1
+// is still landing, and warpgroup 0 frees the stage before it waits for a
+// late tile. Two tiles in flight: run() 2.7-3.7% faster at heads=128.
+// Warpgroup 0 issues S(t+1) right behind both halves of P V(t), so the
+// tensor cores idle only during warpgroup 0's softmax.
+#include "gpu/compat.h"
+
+#include <cstdint>
+
+#include "plan/schedule.h"
+#include "gpu/wgmma_sm90.cuh"
+#include "decode/mla_decode.h"
+#include "decode/mla_decode_device.cuh"
+#include "decode/mla_decode_sm90.h"
+
+namespace mlacore {
+namespace {
+
+namespace wg = wgmma;
+
+constexpr int kThreads = 256;
+constexpr int kRows = kDecodeTileRows;
+constexpr int kTok = kDecodeTileTokens;
+constexpr int kBlocks = kQkDim / 64;               // 64-element column blocks per row
+constexpr int kBlockBytes = 64 * 128;              // one column block of 64 rows
+constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
+constexpr int kStages = 2;
+constexpr int kLdRows = 16;  // token rows the 128 loader threads cover per pass (8 threads a row)
+constexpr int kLdPasses = kTok / kLdRows;
+// Named barrier ids (0 is __syncthreads).
+constexpr int kBarStart = 1, kBarKvEmpty = 2, kBarPFull = 3;
+// KvEmpty as an mbarrier (racecheck builds, meson -Dracecheck_barriers=true)
+// or a named barrier that warpgroup 0 enters with bar.arrive (see above).
+constexpr bool kKvEmptyMbarrier =
+#if defined(MLACORE_RACECHECK_BARRIERS)
+    true;
+#else
+    false;
+#endif
+// shared memory, bytes from a 1024-aligned base (the swizzle pattern of every
+// operand must start on a 1024-byte boundary: descriptor base offset 0)
+constexpr int kOffQ = 0;
+constexpr int kOffKv = kOffQ + kTileBytes;
+constexpr int kOffP = kOffKv + kStages * kTileBytes;
+constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of the current tile
+constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
+constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok], 0 or 1
+constexpr int kOffPFree = kOffValid + kStages * kTok;  // uint64: the PFree mbarrier
+constexpr int kOffFull = kOffPFree + 8;                // uint64[kStages]: the KvFull mbarriers
+constexpr int kOffEmpty = kOffFull + kStages * 8;      // uint64: the KvEmpty mbarrier (racecheck builds)
+constexpr int kSmemUsed = kOffEmpty + 8;
+// The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
+// slack lets the kernel round it up.
+constexpr int kSmem = kSmemUsed + 1024;
+static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per block (227 KB)");
+static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles (4 k-steps of P V)");
+static_assert(kOffPFree % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(kOffValid % 16 == 0 && kTok % 16 == 0, "a stage's valid flags are whole 16-byte vectors");
+static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms on 1 KB");
+static_assert(kKpeDim == 64, "kpe is the ninth column block");
+static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
+static_assert(kLdPasses * kLdRows == kTok, "the loader covers a tile in whole passes");
+static_assert(0 < kBarStart && kBarStart < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < 16,
+              "distinct named barrier ids, none of them 0 (__syncthreads)");
+
+template <bool kBf16, class Idx>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams<Idx> p) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
+  constexpr int kOCols = kCkvDim / 2;  // O columns per warpgroup
+  // Warpgroup 0's P V takes P from registers (register-A wgmma). false: from
+  // its shared-memory copy, as warpgroup 1 does (same barriers; a switch to
+  // isolate the register path if it ever misbehaves).
+  constexpr bool kWg0PvFromRegs = true;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t s_base = smem_addr(smem);
+  const uint32_t s_q = s_base + kOffQ, s_kv = s_base + kOffKv, s_p = s_base + kOffP;
+  float* s_scale = reinterpret_cast<float*>(smem + kOffScale);
+  float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
+  unsigned char* s_valid = smem + kOffValid;
+  const uint32_t s_pfree = s_base + kOffPFree;
+  const uint32_t s_full = s_base + kOffFull;  // + 8 * stage
+  const uint32_t s_empty = s_base + kOffEmpty;
+  // KvEmpty(t): warpgroup 0 is through with stage t % 2; warpgroup 1 waits
+  // for it before refilling the stage with tile t+2.
+  auto free_stage = [&] {
+    if constexpr (kKvEmptyMbarrier) wg::mbar_arrive(s_empty);
+    else wg::bar_arrive(kBarKvEmpty, kThreads);
+  };
+  auto wait_stage_free = [&](int64_t t) {
+    if constexpr (kKvEmptyMbarrier) wg::mbar_wait(s_empty, static_cast<uint32_t>(t & 1));
+    else wg::bar_sync(kBarKvEmpty, kThreads);
+  };
+  // Tile t >= 1 lands in stage t % 2 on phase (t - 1) / 2 of that stage's
+  // KvFull mbarrier (tile 0 is the prologue's).
+  auto full_parity = [](int64_t t) { return static_cast<uint32_t>(((t - 1) >> 1) & 1); };
+
+  // Lets the combine kernel launch once every CTA of this grid is resident;
+  // it still waits (griddepcontrol.wait) for this grid to finish writing.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const int H = p.num_heads;
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  const CtaCoord cta = cta_coord(decode_query_tiles(rows_cap, kRows));
+  const ItemView item = read_item(p, cta.item);
+  if (!item.ok) return;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row0 = cta.tile * kRows;
+  if (row0 >= rows) return;
+
+  const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
+
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+  const auto* ckv = static_cast<const uint16_t*>(p.ckv);
+  const auto* kpe = static_cast<const uint16_t*>(p.kpe);
+
+  const ItemPages<Idx> lookup(p.pages, item);
+
+  const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
+
+  // Loader (warpgroup 1): 8 threads per token row (each 8-lane group reads
+  // 128 contiguous bytes per instruction); thread wtid loads tokens
+  // ld_tok + 16 q (q < 4) of a tile, chunk ld_sub of every column block: a
+  // fixed swizzled offset per row plus kBlockBytes per block.
+  const int ld_tok = wtid >> 3, ld_sub = wtid & 7;
+  auto fetch = [&](int64_t tile, int pass) { return lookup(item.begin + tile * kTok + pass * kLdRows + ld_tok); };
+  auto fetch_all = [&](int64_t tile, PageRef (&ref)[kLdPasses]) {
+#pragma unroll
+    for (int q = 0; q < kLdPasses; ++q) ref[q] = fetch(tile, q);
+  };
+  // Tile `tile` into stage `stage` (rows past the item zero-filled, so no
+  // stale shared memory meets a zero probability), then its commit group;
+  // tiles past the item commit an empty group. Tiles after the first also
+  // arrive on their stage's KvFull mbarrier: once when this thread's copies
+  // land and once now, which releases the valid flags stored here.
+  auto issue = [&](int64_t tile, int stage, const PageRef (&ref)[kLdPasses]) {
+    if (tile < n_tiles) {
+#pragma unroll
+      for (int q = 0; q < kLdPasses; ++q) {
+        const PageRef& r = ref[q];
+        const int tok = q * kLdRows + ld_tok;
+        const int64_t page = r.page >= 0 && (p.pages.num_pages < 0 || r.page < p.pages.num_pages) ? r.page : -1;
+        const bool valid = page >= 0;
+        const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0) + ld_sub * 8;
+        const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0) + ld_sub * 8;
+        const uint32_t dst = s_kv + stage * kTileBytes + wg::sw128(tok, ld_sub);
+#pragma unroll
+        for (int j = 0; j < kCkvDim / 64; ++j) cp_async16(dst + j * kBlockBytes, crow + 64 * j, valid);
+        cp_async16(dst + (kCkvDim / 64) * kBlockBytes, krow, valid);
+        if (ld_sub == 0) s_valid[stage * kTok + tok] = valid;
+      }
+      if (tile > 0) {
+        cp_async_arrive(s_full + 8 * stage);
+        wg::mbar_arrive(s_full + 8 * stage);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // The two rows (of the 64) this thread holds in every accumulator, S and
+  // O alike, and the first KV position each may not see.
+  const int r_lo = wg::acc_row(wtid, 0);
+  int64_t limit[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t grow = row0 + r_lo + 8 * i;
+    const int64_t t = grow / H;
+    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
+    lim = lim < item.end ? lim : item.end;
+    limit[i] = grow < rows ? lim : 0;
+  }
+
+  float o[kOCols / 2];
+#pragma unroll
+  for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
+  // Warpgroup 0's running maximum and (per-thread partial) row sum.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  // Prologue: Q and tile 0, published by kBarStart; then tile 1
+  // (empty groups past the item), which lands during S(0) and its softmax.
+  // Issuing tile 1 with them held the first S back: every CTA starts at
+  // once, and an SM's loads arrive at a bounded rate, so the extra 72 KB in
+  // flight delayed Q and tile 0 by about their share.
+  // Tile 0's page ids are loaded before Q is issued: they are the last link
+  // of the chain to tile 0 (work item, kv_indptr, page ids, KV), and the Q
+  // loop's 18 cp.async a thread need none of them.
+  PageRef next[kLdPasses];
+  if (g == 1) fetch_all(0, next);
+
+  // Query tile -> shared (zero rows past the request), once per CTA, by all
+  // 256 threads: its own commit group, the oldest of every thread. Eight
+  // threads a row (a warp reads four whole 128-byte lines an instruction),
+  // so each thread divides its row by H twice, not once per chunk: with the
+  // 64-bit division per chunk the last Q loads, and the KV loads queued
+  // behind them, went out microseconds into the CTA.
+  constexpr int kQRowsPerPass = kThreads / 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
+    const int r = pass * kQRowsPerPass + (tid >> 3);
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
+    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
+      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    }
+  }
+  cp_async_commit();
+  if (g == 1) {
+    issue(0, 0, next);
+    fetch_all(1, next);
+  }
+  cp_async_wait_all();      // Q (and tile 0 in warpgroup 1)
+  wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
+  if (tid == 0) {  // published by the barrier below
+    wg::mbar_init(s_pfree, kThreads / 2);
+    for (int st = 0; st < kStages; ++st) wg::mbar_init(s_full + 8 * st, kThreads / 2);
+    if (kKvEmptyMbarrier) wg::mbar_init(s_empty, kThreads / 2);
+  }
+  wg::bar_sync(kBarStart, kThreads);
+  if (g == 1) {
+    // Stage 1 is untouched until S(1), after the KvFull wait for it.
+    issue(1, 1, next);
+    fetch_all(2, next);
+  }
+
+  if (g == 0) {
+    // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
+    // Descriptors move by adding encoded byte offsets (offset >> 4) to a
+    // base: every address stays below 256 KB, so the 14-bit field never
+    // carries.
+    const uint64_t desc_q = wg::desc_k_sw128(s_q);
+    const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);                   // only without kWg0PvFromRegs
+    // P(it) as the register A operand of this warpgroup's P V(it) (k-step kt
+    // = pk[4kt .. 4kt + 3]); owned by that wgmma until it is waited for in
+    // tile it + 1 (or after the loop), so it lives across iterations.
+    uint32_t pk[kTok / 4];
+#pragma unroll
+    for (int j = 0; j < kTok / 4; ++j) pk[j] = 0u;
+    for (int64_t it = 0; it < n_tiles; ++it) {
+      const int stage = static_cast<int>(it & 1);
+      // Whether KvEmpty(it-1) was already arrived on: when tile `it` has not
+      // landed, this warp waits for its P V(it-1) first and frees stage
+      // (it-1) % 2 before waiting, so warpgroup 1 issues tile it+1 while tile
+      // `it` is still in flight (session 14: about 1% faster at batch 32,
+      // page size 1, than always freeing it after S(it), as when the tile
+      // has landed; the same at the other shapes).
+      bool freed = false;
+      if (it > 0) {
+        const uint32_t full = s_full + 8 * stage, parity = full_parity(it);
+        if (it + 1 < n_tiles && !__all_sync(0xffffffffu, wg::mbar_test(full, parity))) {
+          wg::wait<0>();
+          free_stage();
+          freed = true;
+        }
+        wg::mbar_wait(full, parity);  // tile `it` landed: its copies and valid flags
+        wg::fence_proxy_async();      // seen by this thread, next read by wgmma
+      }
+      const uint32_t kv = s_kv + stage * kTileBytes;
+      const int64_t tile_start = item.begin + it * kTok;
+
+      // S = Q K^T over 576 dims, all 64 tokens.
+      float s[kTok / 2];
+#pragma unroll
+      for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
+      const uint64_t desc_k = wg::desc_k_sw128(kv);
+      wg::fence_regs(s);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < kQkDim / 16; ++kk) {
+        const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
+        wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+      }
+      wg::commit();
+      if (it > 0 && it + 1 < n_tiles && !freed) {
+        // P V(it-1), committed before S(it), is complete: with S(it-1) long
+        // done, this warpgroup is through with stage (it-1) % 2, which
+        // warpgroup 1 refills with tile it+1.
+        wg::wait<1>();
+        free_stage();
+      }
+      wg::wait<0>();  // S(it) and P V(it-1)
+      wg::fence_regs(s);
+      wg::fence_regs(o);
+      wg::fence_regs(pk);  // P V(it-1) no longer reads them
+
+      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad
+      // shuffle). Position tile_start + col is visible to row i iff col <
+      // lim[i] (limit[i] - tile_start clamped to [0, kTok]: 32-bit compares
+      // per element); the valid flags of columns col, col + 1 are one
+      // 16-bit load (col even).
+      const unsigned char* valid = s_valid + stage * kTok;
+      int lim[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int64_t d = limit[i] - tile_start;
+        lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+      }
+      float mx[2] = {m_run[0], m_run[1]};
+      // Steady state: every token of the tile has a valid page and is visible
+      // to both rows, so nothing is masked. The 64 valid flags (0 or 1 bytes)
+      // are four 16-byte broadcast loads; their AND is 0x01010101 only when all
+      // are 1. The fast path computes what the masked one would for such a
+      // tile, bit for bit, without its 8 flag loads and 32 compares a thread.
+      const uint4* flags = reinterpret_cast<const uint4*>(valid);
+      const uint4 f0 = flags[0], f1 = flags[1], f2 = flags[2], f3 = flags[3];
+      const uint32_t all_valid = f0.x & f0.y & f0.z & f0.w & f1.x & f1.y & f1.z & f1.w & f2.x & f2.y & f2.z &
+                                 f2.w & f3.x & f3.y & f3.z & f3.w;
+      if (__all_sync(0xffffffffu, all_valid == 0x01010101u && lim[0] == kTok && lim[1] == kTok)) {
+#pragma unroll
+        for (int e = 0; e < kTok / 2; ++e) {
+          s[e] *= p.scale_log2;
+          mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kTok / 8; ++j) {
+          const int col0 = wg::acc_col(wtid, 4 * j);
+          const uint32_t v2 = *reinterpret_cast<const uint16_t*>(valid + col0);
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            const int col = col0 + (e & 1);
+            const int i = (e >> 1) & 1;
+            const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
+            s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s[e]);
+          }
+        }
+      }
+      // A row that has seen nothing valid keeps m = -inf; exponentiate it
+      // against 0 so no inf - inf.
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        m_use[i] = mx[i] == -INFINITY ? 0.f : mx[i];
+        alpha[i] = m_run[i] == m_use[i] ? 1.f : fast_exp2(m_run[i] - m_use[i]);  // exactly 1 when m holds
+        l_run[i] *= alpha[i];
+        m_run[i] = mx[i];
+      }
+      // Once the row maxima settle, alpha is exactly 1 for whole warps:
+      // skipping O *= 1 changes no bit (warp-uniform branch).
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+        for (int j = 0; j < kOCols / 8; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kTok / 8; ++j) {
+        s[4 * j] = fast_exp2(s[4 * j] - m_use[0]);
+        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - m_use[0]);
+        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - m_use[1]);
+        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - m_use[1]);
+        l_run[0] += s[4 * j] + s[4 * j + 1];
+        l_run[1] += s[4 * j + 2] + s[4 * j + 3];
+      }
+      // P in the A fragment layout; the same registers are the shared copy.
+      wg::acc_to_a<kBf16>(s, pk);
+      // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the
+      // previous ones.
+      // Phase it-1 of PFree: warpgroup 1 is done with P(it-1) and alpha(it-1).
+      // It cannot be a phase further ahead (it arrives on phase it only after
+      // PFull(it), below), so the parity names the phase.
+      if (it > 0) wg::mbar_wait(s_pfree, static_cast<uint32_t>((it - 1) & 1));
+#pragma unroll
+      for (int j = 0; j < kTok / 8; ++j) {
+        const int tok = wg::acc_col(wtid, 4 * j);
+        wg::st_pair(s_p, r_lo, tok, pk[2 * j]);
+        wg::st_pair(s_p, r_lo + 8, tok, pk[2 * j + 1]);
+      }
+      if ((lane & 3) == 0) {
+        s_scale[r_lo] = alpha[0];
+        s_scale[r_lo + 8] = alpha[1];
+      }
+      wg::fence_proxy_async();  // P, written by st.shared, is read by warpgroup 1's wgmma
+      wg::bar_sync(kBarPFull, kThreads);
+
+      // O[:, 0:256] += P V, P from registers: column blocks 0..3 of the
+      // stage (LBO = one block), 16 tokens = 2048 bytes per k-step. Waited
+      // for in the next tile (or after the loop). wgmma.fence orders the
+      // register writes of o (rescale) and pk (above) before the wgmma.
+      wg::fence_regs(o);
+      wg::fence_regs(pk);
+      wg::fence();
+#pragma unroll
+      for (int kt = 0; kt < kTok / 16; ++kt) {
+        const uint64_t dv = desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4);
+        if constexpr (kWg0PvFromRegs) {
+          wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv);
+        } else {
+          // P(it) in shared memory is rewritten only after PFree(it), which
+          // follows this warpgroup's wait for this P V in tile it + 1.
+          wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), dv);
+        }
+      }
+      wg::commit();
+    }
+    wg::wait<0>();
+    wg::fence_regs(o);
+    wg::fence_regs(pk);
+  } else {
+    // ---------------- warpgroup 1: loads, O[:, 256:512] ----------------
+    const uint64_t desc_v = wg::desc_mn_sw128(s_kv + (kOCols / 64) * kBlockBytes, kBlockBytes);  // blocks 4..7
+    const uint64_t desc_p = wg::desc_k_sw128(s_p);
+    for (int64_t it = 0; it < n_tiles; ++it) {
+      const int stage = static_cast<int>(it & 1);
+      wg::bar_sync(kBarPFull, kThreads);  // P(it), alpha(it)
+      const float alpha0 = s_scale[r_lo], alpha1 = s_scale[r_lo + 8];
+      // (Unconditional: the alpha == 1 skip of warpgroup 0 costs this
+      // warpgroup over 30 registers in ptxas, and this rescale is hidden
+      // behind warpgroup 0's P V(it).)
+#pragma unroll
+      for (int j = 0; j < kOCols / 8; ++j) {
+        o[4 * j] *= alpha0;
+        o[4 * j + 1] *= alpha0;
+        o[4 * j + 2] *= alpha1;
+        o[4 * j + 3] *= alpha1;
+      }
+      if (it > 0) {
+        // Tile `it` landed (warpgroup 0 has seen it too, before PFull): this
+        // thread's own acquire of the copies, then the proxy fence.
+        wg::mbar_wait(s_full + 8 * stage, full_parity(it));
+        wg::fence_proxy_async();
+      }
+      wg::fence_regs(o);
+      wg::fence();
+#pragma unroll
+      for (int kt = 0; kt < kTok / 16; ++kt)
+        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
+                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(o);
+      if (it + 1 < n_tiles) {
+        // Done with P(it) and alpha(it) (read above): phase it of PFree.
+        wg::mbar_arrive(s_pfree);
+        if (it + 2 < n_tiles) {
+          // Stage it % 2: this warpgroup's P V(it) is complete (above);
+          // warpgroup 0 says when its S(it) and P V(it) are.
+          wait_stage_free(it);
+          issue(it + 2, stage, next);
+          fetch_all(it + 3, next);
+        }
+      }
+    }
+  }
+
+  cp_async_wait_all();  // nothing is left in flight on any path; kept as a guard
+
+  // Row sums (warpgroup 0 saw every token): over the quad, then shared.
+  if (g == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+      l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+    }
+    if ((lane & 3) == 0) {
+      s_sum[r_lo] = l_run[0];
+      s_sum[r_lo + 8] = l_run[1];
+    }
+  }
+  __syncthreads();
+
+  const bool to_partial = item.partial >= 0;
+  if (to_partial) {
+    // fp32 partial rows, contiguous in partial_o: through shared memory (the
+    // KV stages, free now), so that each warp stores 512 contiguous bytes an
+    // instruction instead of 8-byte pairs on eight rows (H200, session 7:
+    // 0.5-0.9% off run() at the 64-tile shapes against storing from the
+    // fragments; the epilogue itself, 4-6 us a CTA with all CTAs writing at
+    // once, is no shorter: the stores draining, not their count, bound it).
+    // The fragment stores put 16-byte chunk c of row r at chunk c ^ (r & 7),
+    // and a row read back stays one conflict-free 512-byte sweep. ncu
+    // (session 8) counts 4 wavefronts a fragment store against 2 ideal, 1024
+    // excess a CTA; c ^ 2 (r & 3), meant to spread the four rows of each
+    // 16-lane phase, did not lower the kernel's store wavefronts.
+    float* s_o = reinterpret_cast<float*>(smem + kOffKv);
+    static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = r_lo + 8 * i;
+      const float l = s_sum[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int col0 = g * kOCols + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < kOCols / 8; ++j) {
+        const int col = col0 + 8 * j;
+        *reinterpret_cast<float2*>(s_o + r * kCkvDim + (((col >> 2) ^ (r & 7)) << 2) + (col & 3)) =
+            make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      }
+      const int64_t grow = row0 + r;
+      if (grow < rows && grow < rows_cap && g == 0 && (lane & 3) == 0)
+        p.partial_lse[item.partial * rows_cap + grow] = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+    }
+    __syncthreads();
+    constexpr int kRowChunks = kCkvDim / 4;  // 16-byte chunks of an fp32 row
+    float* dst = p.partial_o + (item.partial * rows_cap + row0) * kCkvDim;
+#pragma unroll 4
+    for (int idx = tid; idx < kRows * kRowChunks; idx += kThreads) {
+      const int r = idx / kRowChunks, c = idx % kRowChunks;
+      const int64_t grow = row0 + r;
+      if (grow < rows && grow < rows_cap)
+        *reinterpret_cast<float4*>(dst + r * kCkvDim + c * 4) =
+            *reinterpret_cast<const float4*>(s_o + r * kCkvDim + ((c ^ (r & 7)) << 2));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = r_lo + 8 * i;
+      const float l = s_sum[r];
+      const int64_t grow = row0 + r;
+      if (grow >= rows) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+      const int64_t t = grow / H, h = grow % H;
+      const int col0 = g * kOCols + 2 * (lane & 3);
+      uint16_t* dst =
+          static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h + col0;
+#pragma unroll
+      for (int j = 0; j < kOCols / 8; ++j)
+        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<kBf16>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      if (p.lse && g == 0 && (lane & 3) == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
+    }
+  }
+#else
+  // Compiled for a target without wgmma: the launcher refuses to launch it
+  // (binary check below), so reaching this is a dispatch bug.
+  (void)p;
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
+#endif  // MLACORE_WGMMA_ENABLED
+}
+
+// Whether the library holds sm_90a code for this kernel: meson defines
+// MLACORE_HAVE_SM90A when sm_targets lists 90a and not plain 90 (with both,
+// which of the two cubins the driver loads is not ours to know, and the sm_90
+// one is the trapping body).
+constexpr bool kBuiltForSm90a =
+#if defined(MLACORE_HAVE_SM90A)
+    true;
+#else
+    false;
+#endif
+
+template <bool kBf16, class Idx>
+bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
+  if (!kBuiltForSm90a) return false;
+  auto kernel = mla_decode_wgmma_kernel<kBf16, Idx>;
+  // sm_90a code runs on compute capability 9.0 only.
+  if (gpu::device_attribute<cudaDevAttrComputeCapabilityMajor>(p.device) != 9 ||
+      gpu::device_attribute<cudaDevAttrComputeCapabilityMinor>(p.device) != 0 ||
+      gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
+    return false;
+  // The cubin the runtime picked for this device must be the sm_90 one
+  // (binaryVersion 90): fixed for the process, so asked once per device. No
+  // image at all (-1) is asked again next time (negative answers are not cached).
+  const int binary = gpu::once_per_device(p.device, [kernel] { return gpu::binary_version(kernel); });
+  if (binary != 90) return false;
+  // Not cached: the limit belongs to the context, which cudaDeviceReset replaces.
+  gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
+  kernel<<<decode_tiled_grid(p.max_work, rows_cap, kRows), kThreads, kSmem, stream>>>(p);
+  gpu::check_launch("mla_decode_wgmma_kernel");
+  return true;
+}
+
+}  // namespace
+
+template <class Idx>
+bool launch_mla_decode_sm90(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
+  return bf16 ? launch_typed_sm90<true>(p, stream) : launch_typed_sm90<false>(p, stream);
+}
+
+template bool launch_mla_decode_sm90<int32_t>(const DecodeParams<int32_t>&, bool, gpuStream_t);
+template bool launch_mla_decode_sm90<int64_t>(const DecodeParams<int64_t>&, bool, gpuStream_t);
+
+}  // namespace mlacore

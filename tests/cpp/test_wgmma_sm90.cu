@@ -1,0 +1,319 @@
+// Checks the wgmma building blocks of the sm_90a MLA decode kernel
+// (core/src/gpu/wgmma_sm90.cuh) in isolation, with the kernel's own shapes
+// and operand placement, against a CPU fp32/double reference:
+//   qk64: S[64 x 64] = Q[64 x 576] K[64 x 576]^T, computed by warpgroup 0
+//       alone with m64n64k16 over the whole 64-token tile (A = Q, B = K,
+//       both K-major SW128, 36 k-steps), as the kernel's softmax warpgroup
+//       does; warpgroup 1 idles.
+//   pv: O[64 x 512] = P[64 x 64] V[64 x 512], V the first 512 dims of a
+//       64 x 576 tile. P written to shared memory from accumulator-layout
+//       registers by st_pair (here each warpgroup stores 32 columns; the
+//       kernel's warpgroup 0 stores all 64 the same way), then warpgroup g computes columns [256g, 256g+256) with
+//       m64n256k16 (A = P K-major, B = V MN-major via transpose-B).
+//   pv_rs: the same O with P as the register A operand (the kernel's
+//       warpgroup 0 path): every thread holds P in the m64n64k16
+//       accumulator layout (as S after the softmax), packs it with
+//       wg::acc_to_a and feeds registers 4kt..4kt+3 to k-step kt of
+//       m64n256k16 (B = V MN-major via transpose-B); warpgroup g computes
+//       columns [256g, 256g+256), so both halves of V go through that path.
+// Each for bf16 and fp16. A wrong descriptor field, swizzle or fragment map
+// shows as a large error; the first mismatch is printed to pin it.
+//
+// Built by meson on CUDA builds with the sm_90a target; `meson test` runs it
+// and it reports a skip (exit 77) where no compute capability 9.0 GPU is present.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "gpu/wgmma_sm90.cuh"
+
+namespace wg = mlacore::wgmma;
+
+
+constexpr int kRows = 64, kTok = 64, kDim = 576, kV = 512;
+constexpr int kBlockBytes = 64 * 128;
+constexpr int kTileBytes = kDim / 64 * kBlockBytes;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Row-major [64 x 576] 16-bit matrix from global into the SW128 K-major tile
+// layout at `dst` (the layout the decode kernel's cp.async loader writes).
+__device__ void load_tile(unsigned char* dst, const uint16_t* src) {
+  for (int i = threadIdx.x; i < kRows * (kDim / 8); i += blockDim.x) {
+    const int r = i / (kDim / 8), c = i % (kDim / 8);
+    *reinterpret_cast<uint4*>(dst + wg::sw128_tile(r, c, kRows)) = reinterpret_cast<const uint4*>(src + r * kDim)[c];
+  }
+}
+
+__device__ unsigned char* aligned_smem(unsigned char* raw) {
+  return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) qk64_probe(const uint16_t* q, const uint16_t* k, float* s_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  load_tile(smem, q);
+  load_tile(smem + kTileBytes, k);
+  wg::fence_proxy_async();
+  __syncthreads();
+  if (threadIdx.x >= 128) return;
+  const int wtid = threadIdx.x;
+  const uint64_t desc_q = wg::desc_k_sw128(smem_u32(smem));
+  const uint64_t desc_k = wg::desc_k_sw128(smem_u32(smem + kTileBytes));
+  float s[32];
+  for (int e = 0; e < 32; ++e) s[e] = 0.f;
+  wg::fence_regs(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const uint32_t off = wg::k_major_step(kk, kRows);
+    wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+  }
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(s);
+  for (int e = 0; e < 32; ++e) s_out[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)] = s[e];
+#else
+  (void)q, (void)k, (void)s_out;
+#endif
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) pv_probe(const uint16_t* pm, const uint16_t* v, float* o_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  unsigned char* s_p = smem + kTileBytes;
+  load_tile(smem, v);
+  const int g = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+  // P from the accumulator layout (warpgroup g stores columns [32g, 32g+32)),
+  // through the st_pair the kernel uses after its softmax.
+  for (int e = 0; e < 16; e += 2) {
+    const int r = wg::acc_row(wtid, e), c = 32 * g + wg::acc_col(wtid, e);
+    const uint32_t packed = pm[r * kTok + c] | (static_cast<uint32_t>(pm[r * kTok + c + 1]) << 16);
+    wg::st_pair(smem_u32(s_p), r, c, packed);
+  }
+  wg::fence_proxy_async();
+  __syncthreads();
+  const uint64_t desc_p = wg::desc_k_sw128(smem_u32(s_p));
+  const uint64_t desc_v = wg::desc_mn_sw128(smem_u32(smem) + g * 4 * kBlockBytes, kBlockBytes);
+  float o[128];
+  for (int e = 0; e < 128; ++e) o[e] = 0.f;
+  wg::fence_regs(o);
+  wg::fence();
+#pragma unroll
+  for (int kt = 0; kt < kTok / 16; ++kt)
+    wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), desc_v + (wg::mn_major_step(kt) >> 4));
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(o);
+  for (int e = 0; e < 128; ++e) o_out[wg::acc_row(wtid, e) * kV + 256 * g + wg::acc_col(wtid, e)] = o[e];
+#else
+  (void)pm, (void)v, (void)o_out;
+#endif
+}
+
+static uint16_t to_half_bits(float f, bool bf16) {
+  if (bf16) {
+    __nv_bfloat16 h = __float2bfloat16(f);
+    uint16_t u;
+    std::memcpy(&u, &h, 2);
+    return u;
+  }
+  __half h = __float2half(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+static float from_half_bits(uint16_t u, bool bf16) {
+  if (bf16) {
+    uint32_t x = static_cast<uint32_t>(u) << 16;
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+  }
+  __half h;
+  std::memcpy(&h, &u, 2);
+  return __half2float(h);
+}
+
+static uint32_t rng = 12345;
+static float urand() {  // [-1, 1)
+  rng = rng * 1664525u + 1013904223u;
+  return static_cast<float>(rng >> 8) / static_cast<float>(1 << 23) - 1.f;
+}
+
+// Max |got - want| relative to max |want|; prints the first bad element.
+static bool report(const char* name, const std::vector<float>& got, const std::vector<double>& want, int cols) {
+  double max_err = 0, max_ref = 0;
+  int first_bad = -1;
+  for (size_t i = 0; i < want.size(); ++i) max_ref = std::fmax(max_ref, std::fabs(want[i]));
+  const double tol = 2e-3 * (max_ref > 1 ? max_ref : 1);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= tol) && first_bad < 0) first_bad = static_cast<int>(i);
+    if (!(err <= max_err)) max_err = err;  // catches NaN
+  }
+  const bool ok = first_bad < 0;
+  std::printf("%-8s max_abs_err %.3e (max |ref| %.3e, tol %.1e)  %s\n", name, max_err, max_ref, tol, ok ? "PASS" : "FAIL");
+  if (!ok) {
+    const int r = first_bad / cols, c = first_bad % cols;
+    std::printf("         first mismatch at row %d col %d: got %.5f want %.5f\n", r, c, got[first_bad], want[first_bad]);
+    // Where does the wanted value appear, if anywhere? Points at a permutation.
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::fabs(got[i] - want[first_bad]) <= tol * 0.1) {
+        std::printf("         (the wanted value appears at row %zu col %zu)\n", i / cols, i % cols);
+        break;
+      }
+  }
+  return ok;
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) pv_rs_probe(const uint16_t* pm, const uint16_t* v, float* o_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  load_tile(smem, v);
+  wg::fence_proxy_async();
+  __syncthreads();
+  const int g = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+  // P in the m64n64 accumulator layout (fp32, exact in 16 bits), as the
+  // kernel's warpgroup 0 holds it after the softmax, then its A fragments.
+  float s[kTok / 2];
+#pragma unroll
+  for (int e = 0; e < kTok / 2; ++e) {
+    const uint16_t u = pm[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)];
+    if constexpr (kBf16) {
+      s[e] = __uint_as_float(static_cast<uint32_t>(u) << 16);
+    } else {
+      s[e] = __half2float(__ushort_as_half(u));
+    }
+  }
+  uint32_t pk[kTok / 4];
+  wg::acc_to_a<kBf16>(s, pk);
+  const uint64_t desc_v = wg::desc_mn_sw128(smem_u32(smem) + g * 4 * kBlockBytes, kBlockBytes);
+  float o[128];
+  for (int e = 0; e < 128; ++e) o[e] = 0.f;
+  wg::fence_regs(o);
+  wg::fence_regs(pk);
+  wg::fence();
+#pragma unroll
+  for (int kt = 0; kt < kTok / 16; ++kt)
+    wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, desc_v + (wg::mn_major_step(kt) >> 4));
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(o);
+  wg::fence_regs(pk);
+  for (int e = 0; e < 128; ++e) o_out[wg::acc_row(wtid, e) * kV + 256 * g + wg::acc_col(wtid, e)] = o[e];
+#else
+  (void)pm, (void)v, (void)o_out;
+#endif
+}
+
+template <bool kBf16>
+static bool run_case() {
+  const bool bf16 = kBf16;
+  const char* tag = kBf16 ? "bf16" : "fp16";
+  std::vector<uint16_t> q(kRows * kDim), k(kTok * kDim), pm(kRows * kTok);
+  std::vector<float> qf(q.size()), kf(k.size()), pf(pm.size());
+  for (size_t i = 0; i < q.size(); ++i) qf[i] = from_half_bits(q[i] = to_half_bits(urand(), bf16), bf16);
+  for (size_t i = 0; i < k.size(); ++i) kf[i] = from_half_bits(k[i] = to_half_bits(urand(), bf16), bf16);
+  for (size_t i = 0; i < pm.size(); ++i) pf[i] = from_half_bits(pm[i] = to_half_bits(0.5f * (urand() + 1.f), bf16), bf16);
+
+  std::vector<double> s_ref(kRows * kTok), o_ref(kRows * kV);
+  for (int r = 0; r < kRows; ++r)
+    for (int t = 0; t < kTok; ++t) {
+      double acc = 0;
+      for (int d = 0; d < kDim; ++d) acc += static_cast<double>(qf[r * kDim + d]) * kf[t * kDim + d];
+      s_ref[r * kTok + t] = acc;
+    }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kV; ++c) {
+      double acc = 0;
+      for (int t = 0; t < kTok; ++t) acc += static_cast<double>(pf[r * kTok + t]) * kf[t * kDim + c];
+      o_ref[r * kV + c] = acc;
+    }
+
+  uint16_t *d_q, *d_k, *d_p;
+  float *d_s64, *d_o, *d_ors;
+  CHECK(cudaMalloc(&d_q, q.size() * 2));
+  CHECK(cudaMalloc(&d_k, k.size() * 2));
+  CHECK(cudaMalloc(&d_p, pm.size() * 2));
+  CHECK(cudaMalloc(&d_o, o_ref.size() * 4));
+  CHECK(cudaMalloc(&d_s64, s_ref.size() * 4));
+  CHECK(cudaMalloc(&d_ors, o_ref.size() * 4));
+  CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_p, pm.data(), pm.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(d_s64, 0xff, s_ref.size() * 4));  // NaN: unwritten elements fail
+  CHECK(cudaMemset(d_o, 0xff, o_ref.size() * 4));
+  CHECK(cudaMemset(d_ors, 0xff, o_ref.size() * 4));
+
+  const int smem_qk = 2 * kTileBytes + 1024, smem_pv = kTileBytes + kBlockBytes + 1024, smem_pv_rs = kTileBytes + 1024;
+  CHECK(cudaFuncSetAttribute(pv_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv_rs));
+  CHECK(cudaFuncSetAttribute(pv_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv));
+  CHECK(cudaFuncSetAttribute(qk64_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
+  pv_probe<kBf16><<<1, 256, smem_pv>>>(d_p, d_k, d_o);  // V = the first 512 dims of the K tile
+  CHECK(cudaGetLastError());
+  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s64);
+  CHECK(cudaGetLastError());
+  pv_rs_probe<kBf16><<<1, 256, smem_pv_rs>>>(d_p, d_k, d_ors);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+
+  std::vector<float> s64(s_ref.size()), o(o_ref.size()), ors(o_ref.size());
+  CHECK(cudaMemcpy(s64.data(), d_s64, s64.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(ors.data(), d_ors, ors.size() * 4, cudaMemcpyDeviceToHost));
+  char name[32];
+  std::snprintf(name, sizeof name, "qk64-%s", tag);
+  const bool ok_s64 = report(name, s64, s_ref, kTok);
+  std::snprintf(name, sizeof name, "pv-%s", tag);
+  const bool ok_o = report(name, o, o_ref, kV);
+  std::snprintf(name, sizeof name, "pv_rs-%s", tag);
+  const bool ok_ors = report(name, ors, o_ref, kV);
+  cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s64), cudaFree(d_o), cudaFree(d_ors);
+  return ok_s64 && ok_o && ok_ors;
+}
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s (cc %d.%d)\n", prop.name, prop.major, prop.minor);
+  if (prop.major != 9 || prop.minor != 0) {
+    std::printf("needs compute capability 9.0 (sm_90a): skipped\n");
+    return 77;
+  }
+  std::printf("desc_k_sw128(0x400)      = 0x%016llx\n", static_cast<unsigned long long>(wg::desc_k_sw128(0x400)));
+  std::printf("desc_mn_sw128(0x400, 8K) = 0x%016llx\n",
+              static_cast<unsigned long long>(wg::desc_mn_sw128(0x400, kBlockBytes)));
+  const bool ok = run_case<true>() & run_case<false>();
+  std::printf("%s\n", ok ? "ALL PASS" : "SOME FAIL");
+  return ok ? 0 : 1;
+}

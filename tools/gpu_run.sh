@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# One device call on the lent H200: install the build tools carried as wheels
+# in .whl/ (../shared/gpu/stage-wheels.sh --peers), build mlacore with CUDA,
+# then run the requested steps, writing logs under $OUT.
+#   bash tools/gpu_run.sh "pytest mesontest bench:overhead,attn sanitizer"
+#   bash tools/gpu_run.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
+# Each step has its own time limit so one slow step cannot eat the call.
+# No argument runs "pytest bench"; an empty one ("") builds and installs only
+# (session 9 lost a call to "" meaning the default).
+set -uo pipefail
+STEPS=${1-"pytest bench"}
+OUT=${OUT:-/tmp/mlacore-out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+# MLACORE_SITE_FIRST: a directory searched before /tmp/site (another build of mlacore, e.g. the racecheck build).
+export PYTHONPATH=${MLACORE_SITE_FIRST:+$MLACORE_SITE_FIRST:}/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+# MLACORE_SKIP_BUILD=1: an earlier invocation in this call installed everything
+# (lets two invocations run side by side, e.g. the sanitizer next to pytest).
+if [ "${MLACORE_SKIP_BUILD:-0}" != 1 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+  t0=$(date +%s)
+  if ! python3 -m pip install -q --no-build-isolation --no-deps -Csetup-args=-Dsm_targets=90a \
+       -Cbuild-dir=build/gpu . > "$OUT/build.txt" 2>&1; then
+    tail -60 "$OUT/build.txt"; exit 1
+  fi
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    pytest)
+      # One process per file (PYTEST_TIMEOUT s each, default 200): a crash in one file cannot hide the others' results.
+      : > "$OUT/pytest.txt"
+      for f in "$ROOT"/tests/test_*.py; do
+        case " ${PYTEST_SKIP:-} " in *" $(basename "$f") "*) echo "$(basename "$f"): skipped this run"; continue ;; esac
+        (cd /tmp && timeout "${PYTEST_TIMEOUT:-200}" python3 -m pytest -q -rs -p no:cacheprovider "$f" 2>&1) > /tmp/one.txt
+        rc=$?; cat /tmp/one.txt >> "$OUT/pytest.txt"
+        echo "$(basename "$f"): rc=$rc $(tail -1 /tmp/one.txt)"
+      done
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -30 ;;
+    pytest:*)
+      (cd /tmp && timeout 300 python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests" -k "${step#pytest:}" 2>&1) \
+        > "$OUT/pytest.txt"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest.txt" | tail -30 ;;
+    gdb:*)
+      # A host-side backtrace of a crashing test (cuda-gdb debugs host code; there is no gdb).
+      (cd /tmp && timeout 240 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 -m pytest \
+        -x -q -p no:cacheprovider "$ROOT/tests" -k "${step#gdb:}" 2>&1) > "$OUT/gdb.txt"
+      grep -A25 -m1 "SIGSEGV\|signal" "$OUT/gdb.txt" | head -40 ;;
+    mesontest)
+      meson test -C build/gpu --print-errorlogs 2>&1 | grep -E "Ok:|Fail:|FAIL" ;;
+    sanitizer-all|sanitizer-all:*)
+      # Every test file under compute-sanitizer, one process per (file, tool, chunk), SAN_JOBS
+      # (default 8) at a time: the sanitizer is CPU-bound (16 cores) and the processes share
+      # the one GPU. SAN_SPLIT=N (default 1) splits each file's tests into N chunks of test ids,
+      # one process each, for files too slow for one process. SAN_TIMEOUT (s, default 420)
+      # bounds each process. SAN_FILES="test_a.py test_b.py" runs some files only.
+      # MLACORE_HYPOTHESIS_PROFILE caps property
+      # tests (tests/conftest.py); MLACORE_LEAK_REPORT lists what still holds plans at the end.
+      # --show-backtrace device: collecting host backtraces keeps the Python frames of the calls
+      # that launched alive (and the plans in them), so nanobind's exit check would report
+      # leaks that do not exist (the exitleak step shows it); device backtraces are kept.
+      # SAN_K passes pytest -k (racecheck adds "not concurrent", see san_one). A test still running SAN_TIMEOUT-60 s in dumps every thread's
+      # stack (faulthandler_timeout): a hang shows where it waits, a slow test does not.
+      tools="memcheck racecheck"; [ "$step" = sanitizer-all ] || tools=$(echo "${step#sanitizer-all:}" | tr ',' ' ')
+      san_dir="$OUT/sanitizer"; rm -rf "$san_dir" "$san_dir.progress.txt"; mkdir -p "$san_dir"
+      san_one() {  # tool file [ids-file]: one sanitizer process; log and exit status in $san_dir
+        local base="$san_dir/$(basename "$(basename "${3:-$2}" .ids)" .py).$1" targets=("$2")
+        [ -n "${3:-}" ] && mapfile -t targets < "$3"  # ids may hold spaces: one argument per line
+        # Racecheck itself stalls, now and then, when several host threads launch at once
+        # (research/probes/racecheck_threads_probe.cu, no mlacore involved): the threaded tests
+        # ("concurrent" in their names or marks) run under memcheck only; their kernels are
+        # racechecked by the single-threaded tests.
+        local k="${SAN_K:-}"
+        [ "$1" = racecheck ] && k="${k:+($k) and }not concurrent"
+        (cd /tmp && MLACORE_HYPOTHESIS_PROFILE=sanitizer MLACORE_LEAK_REPORT=1 \
+          timeout -k 30 "${SAN_TIMEOUT:-420}" compute-sanitizer --tool "$1" --error-exitcode 9 --show-backtrace device \
+          python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( ${SAN_TIMEOUT:-420} - 60 )) \
+          ${k:+-k "$k"} "${targets[@]}") > "$base.log" 2>&1
+        echo $? > "$base.rc"
+        # One line per finished process, outside the directory the final tar takes: a call that
+        # ends before the step does still brings these back.
+        echo "$(basename "$base"): rc=$(cat "$base.rc") | $(grep -E "[0-9]+ (passed|failed)" "$base.log" | tail -1) |" \
+          "$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" | tail -1 | sed 's/^=* *//')" >> "$san_dir.progress.txt"
+      }
+      export -f san_one; export san_dir
+      # The slowest files first, so they do not start in the last wave.
+      pick=$(echo "${SAN_FILES:-test_.*\.py}" | sed -E 's/ +/|/g')
+      files=$(ls "$ROOT"/tests/test_*.py | awk '{ print ($0 ~ /test_(decode|append|plan|edge_cases)\.py$/) ? 0 : 1, $0 }' \
+        | sort -s -k1,1n | cut -d' ' -f2- | grep -E "/($pick)\$")
+      split=${SAN_SPLIT:-1}
+      for f in $files; do
+        # SAN_SPLIT_ONLY="test_a.py ...": split only these files (the small ones start faster whole).
+        case " ${SAN_SPLIT_ONLY:-$(basename "$f")} " in *" $(basename "$f") "*) ;; *) continue ;; esac
+        if [ "$split" -gt 1 ]; then
+          # Round-robin over the collected test ids, so each chunk gets a share of every kind.
+          (cd /tmp && python3 -m pytest -q --collect-only -p no:cacheprovider "$f" 2>/dev/null) | grep "::" \
+            | awk -v n="$split" -v d="$san_dir" -v b="$(basename "$f" .py)" -v r="$ROOT/" \
+                '{ print r $0 > (d "/" b ".c" (NR % n) ".ids") }'
+        fi
+      done
+      jobs() {
+        for f in $files; do for tool in $tools; do
+          ids=$(ls "$san_dir/$(basename "$f" .py)".c*.ids 2>/dev/null)
+          if [ -n "$ids" ]; then for i in $ids; do echo "$tool $f $i"; done; else echo "$tool $f"; fi
+        done; done
+      }
+      jobs | xargs -P "${SAN_JOBS:-8}" -L 1 bash -c 'san_one "$@"' san_one
+      for rcf in $(ls "$san_dir"/*.rc | sort); do
+        base=${rcf%.rc}; rc=$(cat "$rcf")
+        case $rc in 124|137) rc="$rc(timeout ${SAN_TIMEOUT:-420}s)" ;; esac
+        last=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error|errors|xfailed|xpassed)|no tests ran" \
+          "$base.log" | tail -1)
+        summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" | tail -1 | sed 's/^=* *//')
+        # Child interpreters (subprocess tests) are sanitized too and print their own summaries.
+        nsum=$(grep -cE "(ERROR|RACECHECK) SUMMARY" "$base.log")
+        bad=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$base.log" \
+          | grep -cvE "ERROR SUMMARY: 0 errors|0 hazards displayed \(0 errors, 0 warnings\)")
+        extra=""; [ "$nsum" -le 1 ] && [ "$bad" -eq 0 ] || extra=" ($nsum summaries, $bad not clean)"
+        leak=$(grep -E "^nanobind: leaked [0-9]+ instances" "$base.log" | head -1)
+        held=$(grep -E "^mlacore leak report: [1-9]|^mlacore leak report: 0 .* and [1-9]" "$base.log" | head -1)
+        echo "$(basename "$base"): rc=$rc | ${last:-no pytest summary} | ${summary:-no sanitizer summary}$extra${leak:+ | $leak}${held:+ | $held}"
+      done | tee "$OUT/sanitizer-summary.txt"
+      tar -czf "$OUT/sanitizer-logs.tar.gz" -C "$OUT" sanitizer && rm -rf "$san_dir"
+      echo "logs: sanitizer-logs.tar.gz ($(wc -c < "$OUT/sanitizer-logs.tar.gz") bytes)" ;;
+    sanitizer:*)
+      for tool in memcheck racecheck; do
+        (cd /tmp && timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
+          -p no:cacheprovider "$ROOT/tests" -k "${step#sanitizer:}" 2>&1) > "$OUT/sanitizer-$tool.txt"
+        echo "sanitizer $tool rc=$?"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizer-$tool.txt" | tail -3
+      done ;;
+    exitleak)
+      # Who holds plans at exit under the sanitizer (research/probes/exit_leak_probe.py): without
+      # it, under memcheck, and under memcheck with its host backtraces off (does collecting
+      # them keep Python frames alive?). The probe's findings go to stdout.
+      for mode in "plain" "memcheck" "memcheck --show-backtrace device" "memcheck --show-backtrace no"; do
+        set -- $mode; pre=""; [ "$1" = plain ] || pre="compute-sanitizer --tool $*"
+        echo "== $mode"
+        (cd /tmp && timeout 200 $pre python3 "$ROOT/research/probes/exit_leak_probe.py" 2>&1) \
+          | grep -E "^probe: (threads|[0-9]|after)|nanobind: leaked [0-9]+ instances|ERROR SUMMARY" | cut -c1-200
+      done ;;
+    plan-ab:*)
+      # The plan bar's A/B in one call: the tree in the tarball (e.g. `git archive main -o
+      # .devsnap/base.tar`, carried) built beside this one, then `bench --mode plan` five
+      # times alternating (this tree first and last) and plan_latency.cu once each, so both
+      # sides meet the same stretches of the machine. Worst ratios to stdout, tables in $OUT.
+      base=/tmp/ab-base; rm -rf "$base" /tmp/ab-site; mkdir -p "$base"; tar -xf "${step#plan-ab:}" -C "$base"
+      (cd "$base" && python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/ab-site \
+        -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-base.txt" 2>&1) || tail -20 "$OUT/build-base.txt"
+      for side in new base new base new; do
+        site=/tmp/site; [ $side = base ] && site=/tmp/ab-site:/tmp/site
+        PYTHONPATH=$site timeout 100 python3 -m mlacore bench --mode plan >> "$OUT/plan-ab-$side.txt" 2>&1
+        echo "$side: $(grep -E "bar:" "$OUT/plan-ab-$side.txt" | tail -1)"
+      done
+      for side in base new; do
+        site=/tmp/site; [ $side = base ] && site=/tmp/ab-site:/tmp/site
+        PYTHONPATH=$site nvcc -O2 -std=c++17 $(PYTHONPATH=$site python3 -m mlacore --cflags) "$ROOT/research/probes/plan_latency.cu" \
+          $(PYTHONPATH=$site python3 -m mlacore --libs | sed 's/-Wl,/-Xlinker /g') -lcuda -o /tmp/pl-$side \
+          && timeout 60 /tmp/pl-$side > "$OUT/plan-latency-$side.txt" 2>&1
+        echo "$side plan_latency: $(grep -E "^ +[0-9]+ +[0-9.]+ " "$OUT/plan-latency-$side.txt" | awk '{printf "%s:%s ", $1, $5}')"
+      done ;;
+    bench:*)
+      modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
+      timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" \
+        > "$OUT/bench.txt" 2> "$OUT/bench-err.txt"; echo "bench rc=$?"; tail -3 "$OUT/bench-err.txt" ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
