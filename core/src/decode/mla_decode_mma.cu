@@ -1,27 +1,13 @@
-// MLA decode kernels: the tensor-core kernel (CUDA sm_80+, mma.sync), the
-// portable SIMT kernel (HIP, and CUDA on request), and the LSE combine.
-//
-// Tensor-core kernel, one CTA per (work item, tile of query rows):
-//  - query rows (qo_len * heads, token-major) are packed into M. A CTA holds
-//    kRowGroups groups of 16 rows; heads=16 decode uses the 1-group config, so
-//    no MMA is spent on padding rows, and 8 warps split its KV columns instead.
-//  - each 64-token KV tile (64 x 576: ckv | kpe) crosses HBM once per CTA,
-//    by cp.async in two 32-token halves through a ring of half-tile slots
-//    (5 for 16 rows: ~110 KB in flight per SM), gathered row by row through
-//    the page table (page size 1 puts every token on its own page; the page
-//    ids are loaded one tile ahead), and serves both S = Q K^T (all 576
-//    dims) and O += P V (V = the first 512 dims).
-//  - warp (g, c) of group g computes S for 64/kColSplit tokens and O for
-//    512/kColSplit columns; row maxima and P go through shared memory, so the
-//    fp32 output accumulator per thread stays <= 128 registers. P is stored
-//    against each warp's own maximum and rescaled when read, so a tile costs
-//    two barriers (tile landed, P ready), not three.
-//  - online softmax in base 2 (scores scaled by sm_scale * log2 e).
-// Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8):
-// ldmatrix's 8 row addresses then hit 8 different bank groups.
-//
-// On sm_90a, 64-row tiles go to the wgmma kernel (mla_decode_sm90.cu) unless
-// MLACORE_DECODE_KERNEL=mma; the schedule, partial layout and combine are shared.
+// The mma.sync MLA decode kernel (CUDA sm_80+): one CTA per (work item, tile
+// of query rows), query rows packed into the MMA's M dimension in 16-row
+// groups (one group for heads=16 decode, four for 64-row tiles), 64-token KV
+// tiles gathered through the page table by cp.async into a ring of 32-token
+// half tiles, online softmax in base 2, and a direct (whole request) or fp32
+// partial (split request) epilogue that the combine kernel merges.
+// Contract: DecodeParams validated by mla_decode.cpp, a schedule from
+// plan_builder; every work item is re-checked by read_item, and masked tokens
+// (bad page ids, past kv_len, causal) get no softmax weight and are never read.
+// Design: docs/design/2026-11-30-decode-mma-portable-combine.md.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -30,24 +16,13 @@
 #include "plan/schedule.h"
 #include "decode/mla_decode.h"
 #include "decode/mla_decode_device.cuh"
-
-#if defined(MLACORE_GPU_CUDA)
-#include <cstdlib>
-#include <cstring>
-
-#include "decode/mla_decode_sm90.h"
-#endif
+#include "decode/mla_decode_kernels.h"
 
 namespace mlacore {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
-
-#if defined(MLACORE_GPU_CUDA)
-
-// ---------------------------------------------------------------------------
-// Tensor-core kernel (CUDA only)
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -233,9 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   // 16-row tiles keep all of Q in registers once it has arrived (144 of
   // them; ptxas still fits the kernel in 255 without spilling): every warp
   // reads Q whole for each 8-token slab, which made Q two thirds of the
-  // shared-memory reads of Q K^T and left the kernel waiting on ldmatrix
-  // (1.01-1.04x instead of 1.08-1.10x the bare-read floor at 16 heads on the
-  // H200). 64-row tiles have no registers to spare for it.
+  // shared-memory reads of Q K^T and left the kernel waiting on ldmatrix.
+  // 64-row tiles have no registers to spare for it.
   constexpr bool kQInRegs = C::kTokPerWarp == 8;
   constexpr int kQSteps = kChunks / 4;  // pairs of k-steps of 16
   uint32_t q_reg[kQInRegs ? kQSteps : 1][2][4];
@@ -447,357 +421,36 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   }
 }
 
-#endif  // MLACORE_GPU_CUDA
-
-// ---------------------------------------------------------------------------
-// Portable kernel: one block per (work item, query row). Plain loads and
-// shared-memory reductions only (no warp shuffles: HIP wavefronts are 64
-// wide), float32 throughout. Correct for every shape; not fast.
-
-template <bool kBf16>
-__device__ __forceinline__ float load_h(const uint16_t* p) {
-  return kBf16 ? bf16_to_float(*p) : f16_to_float(*p);
-}
-
-template <bool kBf16, class Idx>
-__global__ void __launch_bounds__(kThreads) mla_decode_portable_kernel(const DecodeParams<Idx> p) {
-  constexpr int kTok = kDecodeTileTokens;
-  constexpr int kParts = kThreads / kTok;  // threads per token in the dot products
-  __shared__ float s_q[kQkDim];
-  __shared__ float s_part[kParts][kTok];
-  __shared__ float s_p[kTok];
-  constexpr int64_t kMaskedRow = INT64_MIN;
-  __shared__ int64_t s_coff[kTok], s_koff[kTok];
-
-  const ItemView item = read_item(p, blockIdx.x);
-  if (!item.ok) return;
-  const int H = p.num_heads;
-  const int64_t rows = item.qo_len * H;
-  const int64_t row = blockIdx.y;
-  if (row >= rows) return;
-  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
-  if (item.partial >= 0 && row >= rows_cap) return;
-  const int64_t t = row / H, h = row % H;
-  const int tid = threadIdx.x;
-
-  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
-  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
-  const auto* ckv = static_cast<const uint16_t*>(p.ckv);
-  const auto* kpe = static_cast<const uint16_t*>(p.kpe);
-  for (int d = tid; d < kQkDim; d += kThreads)
-    s_q[d] = d < kCkvDim ? load_h<kBf16>(qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + d)
-                         : load_h<kBf16>(qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + d - kCkvDim);
-
-  const int64_t page_begin = item.page_begin, page_end = item.page_end;
-  int64_t limit = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
-  limit = limit < item.end ? limit : item.end;
-
-  float acc[kCkvDim / kThreads] = {};
-  float m_run = -INFINITY, l_run = 0.f;
-  for (int64_t start = item.begin; start < item.end; start += kTok) {
-    __syncthreads();  // the previous chunk's readers of s_coff / s_p are done
-    if (tid < kTok) {
-      const int64_t pos = start + tid;
-      int64_t page = -1;
-      if (pos < limit) {
-        const int64_t in_req = pos / p.pages.page_size;
-        if (in_req < page_end - page_begin) page = p.pages.page_at(page_begin + in_req);
-      }
-      const int64_t off = pos % p.pages.page_size;
-      // Offsets can be negative (negative strides), so masked rows get a mark no offset can take.
-      s_coff[tid] = page < 0 ? kMaskedRow : page * p.ckv_stride_page + off * p.ckv_stride_tok;
-      s_koff[tid] = page < 0 ? kMaskedRow : page * p.kpe_stride_page + off * p.kpe_stride_tok;
-    }
-    __syncthreads();
-    {
-      const int tok = tid % kTok, part = tid / kTok;
-      constexpr int kSpan = kQkDim / kParts;
-      float dot = 0.f;
-      if (s_coff[tok] != kMaskedRow) {
-        for (int d = part * kSpan; d < (part + 1) * kSpan; ++d)
-          dot += s_q[d] * (d < kCkvDim ? load_h<kBf16>(ckv + s_coff[tok] + d) : load_h<kBf16>(kpe + s_koff[tok] + d - kCkvDim));
-      }
-      s_part[part][tok] = dot;
-    }
-    __syncthreads();
-    if (tid < kTok) {
-      float sc = 0.f;
-      for (int i = 0; i < kParts; ++i) sc += s_part[i][tid];
-      s_p[tid] = s_coff[tid] != kMaskedRow ? sc * p.scale_log2 : -INFINITY;
-    }
-    __syncthreads();
-    float m_new = m_run;
-    for (int i = 0; i < kTok; ++i) m_new = fmaxf(m_new, s_p[i]);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = exp2f(m_run - m_use);
-    m_run = m_new;
-    l_run *= alpha;
-    for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] *= alpha;
-    for (int i = 0; i < kTok; ++i) {
-      if (s_coff[i] == kMaskedRow) continue;
-      const float w = exp2f(s_p[i] - m_use);
-      l_run += w;
-      for (int k = 0; k < kCkvDim / kThreads; ++k) acc[k] += w * load_h<kBf16>(ckv + s_coff[i] + tid + k * kThreads);
-    }
-  }
-
-  const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
-  const float lse = l_run > 0.f ? m_run + log2f(l_run) : -INFINITY;
-  if (item.partial >= 0) {
-    float* dst = p.partial_o + (item.partial * rows_cap + row) * kCkvDim;
-    for (int k = 0; k < kCkvDim / kThreads; ++k) dst[tid + k * kThreads] = acc[k] * inv;
-    if (tid == 0) p.partial_lse[item.partial * rows_cap + row] = lse;
-  } else {
-    uint16_t* dst = static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
-    for (int k = 0; k < kCkvDim / kThreads; ++k)
-      dst[tid + k * kThreads] = kBf16 ? float_to_bf16(acc[k] * inv) : float_to_f16(acc[k] * inv);
-    if (p.lse && tid == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Combine: 128 threads per query row of a split request, each owning 4 of
-// the 512 columns (one float4 per partial, 2 KB coalesced per row), and
-// kCombineLoads partial loads in flight per thread at a time: a b=8 batch has
-// only 8 * 16 rows, and the old 32 lanes per row walked 16 partials one
-// latency at a time. A large batch (many rows, few partials each) gives each
-// thread kRowsPerThread rows of one request instead of one: at b=32 x 128
-// heads one row a thread took 2048 blocks, about four waves (4 resident an
-// SM at 61 registers) behind the decode's last CTAs; four rows a thread take
-// 512 blocks, about 1.3 waves (3 resident at 80 registers), with as many
-// loads in flight per thread.
-// Requests without partials are left alone, except those with no KV, whose
-// zeros and -inf LSE are written here as well as by their (empty) work item,
-// so a schedule that gives them no item still produces defined output.
-constexpr int kCombineThreadsPerRow = kCkvDim / 4;
-// (partial, row) loads in flight together per thread: a float4 and an LSE each.
-constexpr int kCombineLoads = 8;
-// Launch the combine as a programmatic dependent of the decode kernel on
-// sm_90+ (see launch_typed); false falls back to a plain stream-ordered launch.
-constexpr bool kCombinePdl = true;
-constexpr int kCombineRows = kThreads / kCombineThreadsPerRow;  // rows of a block per row a thread
-
-// Rows a combine thread merges, from the rows of the whole batch: one while
-// the grid is small (b=8 x 128 heads: 512 blocks, each thread 8 partials of
-// its row in flight), more as the row count, and with it the block count,
-// grows (H200: b=32 x 128 heads, 4 rows a thread).
-int combine_rows_per_thread(int64_t batch, int64_t rows_cap) {
-  const int64_t rows = batch * rows_cap;
-  return rows >= 4096 ? 4 : rows >= 2048 ? 2 : 1;
-}
-
-template <bool kBf16, int kRowsPerThread, class Idx>
-__global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const DecodeParams<Idx> p) {
-  // Launched as a programmatic dependent of the decode kernel (sm_90+), this
-  // block may start while the decode still runs: everything up to the wait
-  // below reads only what was complete before the decode began (the plan's
-  // metadata, the index tensors), so those dependent loads overlap the
-  // decode's tail instead of following it.
-  constexpr int R = kRowsPerThread;
-  constexpr int kGroup = kCombineLoads / R;  // partials of each row per round
-  static_assert(kGroup * R == kCombineLoads, "rows a thread divide the loads in flight");
-  const int64_t b = blockIdx.x;
-  const int32_t* md = p.metadata;
-  int64_t batch = md[kHdrBatch];
-  batch = batch < p.batch ? batch : p.batch;
-  batch = batch < p.max_batch ? batch : p.max_batch;
-  if (b >= batch) return;
-  const int32_t* split = md + ScheduleLayout{p.max_batch, p.max_work}.split_indptr();
-  const int64_t first = split[b], last = split[b + 1];
-  const int64_t qo_begin = static_cast<int64_t>(p.qo_indptr[b * p.qo_indptr_stride]);
-  const int64_t qo_end = static_cast<int64_t>(p.qo_indptr[(b + 1) * p.qo_indptr_stride]);
-  const int64_t kv_len = static_cast<int64_t>(p.kv_len[b * p.kv_len_stride]);
-  if (qo_begin < 0 || qo_end < qo_begin || qo_end > p.total_q) return;
-  const int H = p.num_heads;
-  const int64_t rows = (qo_end - qo_begin) * H;
-  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
-  const int col = threadIdx.x % kCombineThreadsPerRow;
-  // Row r of this thread: the block's rows are R slabs of kCombineRows, so
-  // each load instruction still covers whole 2 KB rows.
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * (kCombineRows * R) + threadIdx.x / kCombineThreadsPerRow;
-  const bool merge = last > first;
-  if (!merge && kv_len > 0) return;  // the decode wrote this request directly
-  const int64_t row_end = merge && rows_cap < rows ? rows_cap : rows;
-  if (row0 >= row_end) return;  // so is every later row of this thread
-#if defined(MLACORE_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The decode kernel's partials (and, for an empty request, its zeros) are
-  // complete and visible after this.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-
-  // Partials outside the workspace (a schedule bug) are skipped, never read.
-  // One pass, kGroup partials of each of the R rows (LSE and float4 each)
-  // loaded together and merged into running maxima: one memory latency per
-  // round, where a pass for the maximum and another for the sum cost one per
-  // partial plus one per four (ncu, b=8 x 8 partials: 11 us at 1.3 TB/s).
-  const int64_t lo = first > 0 ? first : 0, hi = last < p.max_partials ? last : p.max_partials;
-  float4 acc[R];
-  float mx[R], wsum[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-    mx[r] = -INFINITY;
-    wsum[r] = 0.f;
-  }
-  if (merge) {
-    for (int64_t i0 = lo; i0 < hi; i0 += kGroup) {
-      float l[R][kGroup];
-      float4 v[R][kGroup];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = row0 + r * kCombineRows;
-#pragma unroll
-        for (int k = 0; k < kGroup; ++k) {
-          const int64_t i = i0 + k;
-          const bool in = i < hi && row < row_end;
-          l[r][k] = in ? p.partial_lse[i * rows_cap + row] : -INFINITY;
-          v[r][k] = in ? reinterpret_cast<const float4*>(p.partial_o + (i * rows_cap + row) * kCkvDim)[col]
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float gm = mx[r];
-#pragma unroll
-        for (int k = 0; k < kGroup; ++k) gm = fmaxf(gm, l[r][k]);
-        if (gm == -INFINITY) continue;  // nothing but empty partials so far
-        const float rescale = exp2f(mx[r] - gm);  // 0 while mx is still -inf
-        acc[r].x *= rescale;
-        acc[r].y *= rescale;
-        acc[r].z *= rescale;
-        acc[r].w *= rescale;
-        wsum[r] *= rescale;
-#pragma unroll
-        for (int k = 0; k < kGroup; ++k) {
-          const float w = exp2f(l[r][k] - gm);
-          wsum[r] += w;
-          acc[r].x += w * v[r][k].x;
-          acc[r].y += w * v[r][k].y;
-          acc[r].z += w * v[r][k].z;
-          acc[r].w += w * v[r][k].w;
-        }
-        mx[r] = gm;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = row0 + r * kCombineRows;
-    if (row >= row_end) break;
-    const float inv = wsum[r] > 0.f ? 1.f / wsum[r] : 0.f;
-    const int64_t t = row / H, h = row % H;
-    uint16_t* dst = static_cast<uint16_t*>(p.out) + (qo_begin + t) * p.out_stride_t + h * p.out_stride_h;
-    const float o[4] = {acc[r].x * inv, acc[r].y * inv, acc[r].z * inv, acc[r].w * inv};
-    uint16_t e16[4];
-    for (int e = 0; e < 4; ++e) e16[e] = kBf16 ? float_to_bf16(o[e]) : float_to_f16(o[e]);
-    uint2 packed;
-    packed.x = static_cast<uint32_t>(e16[0]) | (static_cast<uint32_t>(e16[1]) << 16);
-    packed.y = static_cast<uint32_t>(e16[2]) | (static_cast<uint32_t>(e16[3]) << 16);
-    *reinterpret_cast<uint2*>(dst + 4 * col) = packed;
-    if (p.lse && col == 0)
-      p.lse[(qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] =
-          wsum[r] > 0.f ? mx[r] + log2f(wsum[r]) : -INFINITY;
-  }
-}
-
-#if defined(MLACORE_GPU_CUDA)
-// MLACORE_DECODE_KERNEL=mma keeps 64-row tiles on the mma.sync kernel on
-// sm_90a too (A/B comparisons, a fallback in the field); unset or "wgmma",
-// the wgmma kernel (mla_decode_sm90.cu) is tried first. Read once.
-bool wgmma_decode_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MLACORE_DECODE_KERNEL");
-    return !(v && std::strcmp(v, "mma") == 0);
-  }();
-  return enabled;
-}
-#endif
-
-template <bool kBf16, class Idx>
-void launch_typed(const DecodeParams<Idx>& p, bool portable, gpuStream_t stream) {
-  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
-  if (p.max_work > 0x7fffffff) runtime_error("mla_decode: max_work ", p.max_work, " exceeds the grid limit");
-#if defined(MLACORE_GPU_CUDA)
-  if (!portable) {
-    const int smem_optin = gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device);
-    auto run = [&](auto kernel, int rows_per_cta, int smem) {
-      gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "cudaFuncSetAttribute(mla_decode_mma_kernel)");
-      kernel<<<decode_tiled_grid(p.max_work, rows_cap, rows_per_cta), kThreads, smem, stream>>>(p);
-      gpu::check_launch("mla_decode_mma_kernel");
-    };
-    // Up to 16 query rows per request (heads=16 decode): one 16-row group, so
-    // the MMAs do no padding work. Else 64-row tiles.
-    if (rows_cap <= 16 && MmaConfig<1>::kSmem <= smem_optin) {
-      run(mla_decode_mma_kernel<kBf16, 1, Idx>, 16, MmaConfig<1>::kSmem);
-    } else if (rows_cap > 16 && MmaConfig<4>::kSmem <= smem_optin) {
-      // The wgmma kernel writes the same outputs and partials; it declines
-      // (launching nothing) off sm_90a.
-      if (!(wgmma_decode_enabled() && launch_mla_decode_sm90(p, kBf16, stream)))
-        run(mla_decode_mma_kernel<kBf16, 4, Idx>, 64, MmaConfig<4>::kSmem);
-    } else {
-      portable = true;  // GPUs with less shared memory per block than an H100 (A100: 163 KB)
-    }
-  }
-#else
-  portable = true;
-#endif
-  if (portable) {
-    if (rows_cap > 65535) runtime_error("mla_decode: ", rows_cap, " query rows exceed the portable kernel's grid");
-    const dim3 grid(static_cast<unsigned>(p.max_work), static_cast<unsigned>(rows_cap));
-    mla_decode_portable_kernel<kBf16, Idx><<<grid, kThreads, 0, stream>>>(p);
-    gpu::check_launch("mla_decode_portable_kernel");
-  }
-  const int64_t batch = p.batch < p.max_batch ? p.batch : p.max_batch;
-  if (batch > 0) {
-    const int per_thread = combine_rows_per_thread(batch, rows_cap);
-    const int64_t block_rows = static_cast<int64_t>(kCombineRows) * per_thread;
-    const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>((rows_cap + block_rows - 1) / block_rows));
-    auto combine = per_thread == 4   ? mla_decode_combine_kernel<kBf16, 4, Idx>
-                   : per_thread == 2 ? mla_decode_combine_kernel<kBf16, 2, Idx>
-                                     : mla_decode_combine_kernel<kBf16, 1, Idx>;
-#if defined(MLACORE_GPU_CUDA)
-    // Programmatic dependent launch: the combine's launch overlaps the decode
-    // kernel's tail instead of following it (a few us of a ~100 us decode).
-    // Only when the combine that will run was compiled for sm_90+, so it
-    // carries the griddepcontrol.wait that orders it after the decode.
-    // The image's binaryVersion is fixed for the process: asked once per device
-    // (once for the three row counts: kernels of one file, the same targets).
-    const int binary = !kCombinePdl ? 0 : gpu::once_per_device(p.device, [combine] {
-      cudaFuncAttributes attr{};
-      gpu::check(cudaFuncGetAttributes(&attr, combine), "cudaFuncGetAttributes(mla_decode_combine_kernel)");
-      return attr.binaryVersion;
-    });
-    if (binary >= 90) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = 0;
-      cfg.stream = stream;
-      cudaLaunchAttribute pdl[1];
-      pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      pdl[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = pdl;
-      cfg.numAttrs = 1;
-      gpu::check(cudaLaunchKernelEx(&cfg, combine, p), "mla_decode_combine_kernel");
-      return;
-    }
-#endif
-    combine<<<grid, kThreads, 0, stream>>>(p);
-    gpu::check_launch("mla_decode_combine_kernel");
-  }
-}
-
 }  // namespace
 
-template <class Idx>
-void launch_mla_decode(const DecodeParams<Idx>& p, DecodeDType dtype, bool portable, void* stream) {
-  gpu::DeviceGuard guard(p.device);
-  if (dtype == DecodeDType::BF16) launch_typed<true>(p, portable, gpu::as_stream(stream));
-  else launch_typed<false>(p, portable, gpu::as_stream(stream));
+int mla_decode_mma_groups(int64_t rows_cap, int device) {
+  const int smem_optin = gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
+  // Up to 16 query rows per request (heads=16 decode): one 16-row group, so
+  // the MMAs do no padding work. Else 64-row tiles.
+  if (rows_cap <= 16 && MmaConfig<1>::kSmem <= smem_optin) return 1;
+  if (rows_cap > 16 && MmaConfig<4>::kSmem <= smem_optin) return 4;
+  return 0;  // GPUs with less shared memory per block than an H100 (A100: 163 KB)
 }
 
-template void launch_mla_decode<int32_t>(const DecodeParams<int32_t>&, DecodeDType, bool, void*);
-template void launch_mla_decode<int64_t>(const DecodeParams<int64_t>&, DecodeDType, bool, void*);
+template <class Idx>
+void launch_mla_decode_mma(const DecodeParams<Idx>& p, bool bf16, int groups, gpuStream_t stream) {
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
+  auto run = [&](auto kernel, int rows_per_cta, int smem) {
+    gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(mla_decode_mma_kernel)");
+    kernel<<<decode_tiled_grid(p.max_work, rows_cap, rows_per_cta), kThreads, smem, stream>>>(p);
+    gpu::check_launch("mla_decode_mma_kernel");
+  };
+  if (groups == 1) {
+    if (bf16) run(mla_decode_mma_kernel<true, 1, Idx>, 16, MmaConfig<1>::kSmem);
+    else run(mla_decode_mma_kernel<false, 1, Idx>, 16, MmaConfig<1>::kSmem);
+  } else {
+    if (bf16) run(mla_decode_mma_kernel<true, 4, Idx>, 64, MmaConfig<4>::kSmem);
+    else run(mla_decode_mma_kernel<false, 4, Idx>, 64, MmaConfig<4>::kSmem);
+  }
+}
+
+template void launch_mla_decode_mma<int32_t>(const DecodeParams<int32_t>&, bool, int, gpuStream_t);
+template void launch_mla_decode_mma<int64_t>(const DecodeParams<int64_t>&, bool, int, gpuStream_t);
 
 }  // namespace mlacore
