@@ -91,6 +91,62 @@ struct MmaConfig {
   static_assert(kThreads == 8 * kHalfTokens, "the loader gives each token row of a half to 8 threads");
 };
 
+// load_q: the query tile (rows row0 .. row0 + C::kRows of the request,
+// token-major, zero past its end) -> shared at s_q by cp.async, swizzled; it
+// joins the first half tile's commit group.
+template <class C, class Idx>
+__device__ __forceinline__ void load_q(const DecodeParams<Idx>& p, const ItemView& item, int64_t row0, int64_t rows,
+                                       int H, uint32_t s_q, int tid) {
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+  for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* src = c < kCkvDim / 8
+        ? qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + c * 8
+        : qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + (c - kCkvDim / 8) * 8;
+    cp_async16(s_q + swz(r, c, kChunks), valid ? src : qn, valid);
+  }
+}
+
+// write_o: the two rows this thread owns in each O fragment, normalized by the
+// group's row sums (s_red), to the request's partial (split requests) or to
+// out and lse.
+template <bool kBf16, class C, class Idx>
+__device__ __forceinline__ void write_o(const DecodeParams<Idx>& p, const ItemView& item, int64_t row0, int64_t rows,
+                                        int64_t rows_cap, int H, const float* s_red,
+                                        const float (&o)[C::kOTiles][4], const float (&m_run)[2], int rg, int cs,
+                                        int lane) {
+  const bool to_partial = item.partial >= 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::kColSplit; ++c) l += s_red[(rg * C::kColSplit + c) * 16 + (lane >> 2) + 8 * i];
+    const int64_t grow = row0 + rg * 16 + (lane >> 2) + 8 * i;
+    if (grow >= rows || (to_partial && grow >= rows_cap)) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
+    const int64_t t = grow / H, h = grow % H;
+    if (to_partial) {
+      float* dst = p.partial_o + (item.partial * rows_cap + grow) * kCkvDim + cs * C::kColsPerWarp + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      if (cs == 0 && (lane & 3) == 0) p.partial_lse[item.partial * rows_cap + grow] = lse;
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h +
+                      cs * C::kColsPerWarp + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<kBf16>(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+      if (p.lse && cs == 0 && (lane & 3) == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
+    }
+  }
+}
+
 template <bool kBf16, int kRowGroups, class Idx>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const DecodeParams<Idx> p) {
   using C = MmaConfig<kRowGroups>;
@@ -121,23 +177,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   const int64_t rows_here = rows - row0 < C::kRows ? rows - row0 : C::kRows;
   const bool group_active = rg * 16 < rows_here;  // warp-uniform: idle groups skip the MMAs
 
-  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
-  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
-  // Query tile -> shared (zero rows past the request), once per CTA; it
-  // joins the first half tile's commit group.
-  for (int i = tid; i < C::kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const int64_t grow = row0 + r;
-    const bool valid = grow < rows;
-    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
-    const uint16_t* src = c < kCkvDim / 8
-        ? qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h + c * 8
-        : qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h + (c - kCkvDim / 8) * 8;
-    cp_async16(s_q + swz(r, c, kChunks), valid ? src : qn, valid);
-  }
+  load_q<C>(p, item, row0, rows, H, s_q, tid);
 
   const ItemPages<Idx> lookup(p.pages, item);
 
@@ -393,32 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
   }
   __syncthreads();
 
-  const bool to_partial = item.partial >= 0;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = 0.f;
-#pragma unroll
-    for (int c = 0; c < C::kColSplit; ++c) l += s_red[(rg * C::kColSplit + c) * 16 + (lane >> 2) + 8 * i];
-    const int64_t grow = row0 + rg * 16 + (lane >> 2) + 8 * i;
-    if (grow >= rows || (to_partial && grow >= rows_cap)) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
-    const int64_t t = grow / H, h = grow % H;
-    if (to_partial) {
-      float* dst = p.partial_o + (item.partial * rows_cap + grow) * kCkvDim + cs * C::kColsPerWarp + (lane & 3) * 2;
-#pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-      if (cs == 0 && (lane & 3) == 0) p.partial_lse[item.partial * rows_cap + grow] = lse;
-    } else {
-      uint16_t* dst = static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h +
-                      cs * C::kColsPerWarp + (lane & 3) * 2;
-#pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j)
-        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<kBf16>(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-      if (p.lse && cs == 0 && (lane & 3) == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
-    }
-  }
+  write_o<kBf16, C>(p, item, row0, rows, rows_cap, H, s_red, o, m_run, rg, cs, lane);
 }
 
 }  // namespace
