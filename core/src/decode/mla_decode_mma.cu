@@ -147,6 +147,30 @@ __device__ __forceinline__ void write_o(const DecodeParams<Idx>& p, const ItemVi
   }
 }
 
+// compute_pv: O += P V for this warp's 16 rows and C::kColsPerWarp columns, P
+// from s_p, V = the first 512 dims of the tile's two half tiles, read
+// transposed.
+template <bool kBf16, class C>
+__device__ __forceinline__ void compute_pv(uint32_t s_p, uint32_t kv0, uint32_t kv1, uint32_t v_lane,
+                                           const uint32_t (&v_off)[4], int rg, int lane,
+                                           float (&o)[C::kOTiles][4]) {
+#pragma unroll
+  for (int kt = 0; kt < kDecodeTileTokens / 16; ++kt) {
+    uint32_t a[4];
+    ldsm_x4(a, s_p + swz(rg * 16 + (lane & 15), kt * 2 + (lane >> 4), 8));
+    // As for K above: chunk c0 + j + x (c0 = cs * kColsPerWarp / 8, a
+    // multiple of 8) of a row is 16 * (c0 + (j & ~7) + ((j % 8 + x) ^ (row & 7))).
+    const uint32_t v_half = (kt < 2 ? kv0 : kv1) + (kt & 1) * 16 * kChunks * 16 + v_lane;
+#pragma unroll
+    for (int j = 0; j < C::kOTiles; j += 2) {
+      uint32_t b[4];
+      ldsm_x4_trans(b, v_half + (j & ~7) * 16 + v_off[(j & 7) >> 1]);
+      mma16816<kBf16>(o[j], a, b[0], b[1]);
+      mma16816<kBf16>(o[j + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 template <bool kBf16, int kRowGroups, class Idx>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const DecodeParams<Idx> p) {
   using C = MmaConfig<kRowGroups>;
@@ -401,23 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_mma_kernel(const Decod
     __syncthreads();
 
     // O += P V, V = the first 512 dims of the tile, read transposed.
-    if (group_active) {
-#pragma unroll
-      for (int kt = 0; kt < kDecodeTileTokens / 16; ++kt) {
-        uint32_t a[4];
-        ldsm_x4(a, s_p + swz(rg * 16 + (lane & 15), kt * 2 + (lane >> 4), 8));
-        // As for K above: chunk c0 + j + x (c0 = cs * kColsPerWarp / 8, a
-        // multiple of 8) of a row is 16 * (c0 + (j & ~7) + ((j % 8 + x) ^ (row & 7))).
-        const uint32_t v_half = (kt < 2 ? kv0 : kv1) + (kt & 1) * 16 * kChunks * 16 + v_lane;
-#pragma unroll
-        for (int j = 0; j < C::kOTiles; j += 2) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, v_half + (j & ~7) * 16 + v_off[(j & 7) >> 1]);
-          mma16816<kBf16>(o[j], a, b[0], b[1]);
-          mma16816<kBf16>(o[j + 1], a, b[2], b[3]);
-        }
-      }
-    }
+    if (group_active) compute_pv<kBf16, C>(s_p, kv0, kv1, v_lane, v_off, rg, lane, o);
     slot0 = slot0 + 2 >= R ? slot0 + 2 - R : slot0 + 2;
   }
 
