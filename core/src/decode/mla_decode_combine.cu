@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   // Partials outside the workspace (a schedule bug) are skipped, never read.
   // One pass, kGroup partials of each of the R rows (LSE and float4 each)
   // loaded together and merged into running maxima: one memory latency per
-  // round, where a pass for the maximum and another for the sum cost one per
-  // partial plus one per four (ncu, b=8 x 8 partials: 11 us at 1.3 TB/s).
+  // round, where a pass for the maximum and another for the sum would cost
+  // one per partial plus one per four.
   const int64_t lo = first > 0 ? first : 0, hi = last < p.max_partials ? last : p.max_partials;
   float4 acc[R];
   float mx[R], wsum[R];
