@@ -302,10 +302,10 @@ def test_int64_indices_equal_int32_everywhere(device):
     indices = torch.randint(-2, 12, (7,), generator=g, dtype=torch.int32).to(device)
     bi = torch.randint(-1, 4, (30,), generator=g, dtype=torch.int32).to(device)
     pos = torch.randint(-3, 70, (30,), generator=g, dtype=torch.int32).to(device)
-    s32 = mlacore.slot_mapping(bi, pos, indices, indptr, 16, num_pages=10)
+    want = mlacore.slot_mapping(bi, pos, indices, indptr, 16, num_pages=10)
     for a, b in [(bi.long(), pos.long()), (bi, pos)]:
         for c, e in [(indices.long(), indptr.long()), (indices, indptr)]:
-            assert torch.equal(mlacore.slot_mapping(a, b, c, e, 16, num_pages=10), s32)
+            assert torch.equal(mlacore.slot_mapping(a, b, c, e, 16, num_pages=10), want)
 
     table = torch.randint(0, 100, (3, 5), generator=g, dtype=torch.int32).to(device)
     o32, o64 = torch.full((12,), -1, dtype=torch.int32, device=device), torch.full((12,), -1, device=device)

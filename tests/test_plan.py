@@ -56,8 +56,8 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
     chunk = no_split
     if balance < no_split:
         # Equal parts of the longest request, for these part counts; never below the capacity bound.
-        s0 = cdiv(no_split, balance)
-        counts = [s0, s0 - 1, s0 * 3 // 4, s0 // 2, 1]
+        most = cdiv(no_split, balance)
+        counts = [most, most - 1, most * 3 // 4, most // 2, 1]
         assert len(counts) == NCAND
         cands = [max(cdiv(no_split, max(n, 1)), cap) for n in counts]
         best, best_time = no_split, None
@@ -592,7 +592,7 @@ def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
     plan.build(*sets[0][1], 64, 16)  # warm: the pinned staging buffer is allocated before the clock starts
     torch.cuda.synchronize()
     main = torch.cuda.current_stream()
-    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    side_a, side_b = torch.cuda.Stream(), torch.cuda.Stream()
     # The default stream is busy for ~1.5 s or more: under racecheck the eight
     # builds below take ~0.55 s (each waits for its kernel's verdict and, on a
     # stream switch, the previous kernel's counts, all instrumented).
@@ -601,12 +601,12 @@ def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
     # Alternating streams: the previous exchange kernel may still be deciding
     # or placing its schedule on the other stream when the next one starts.
     for i in range(2 * len(sets)):
-        with torch.cuda.stream(s1 if i % 2 == 0 else s2):
+        with torch.cuda.stream(side_a if i % 2 == 0 else side_b):
             raw_plan.build(*sets[i % len(sets)][1], 64, 16, metas[i])
     elapsed = time.perf_counter() - t0
     still_busy = not main.query()
-    s1.synchronize()
-    s2.synchronize()
+    side_a.synchronize()
+    side_b.synchronize()
     for i, meta in enumerate(metas):
         assert torch.equal(meta, wants[i % len(sets)]), i
     # Each launch on the other stream first waited for the previous kernel's

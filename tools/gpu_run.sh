@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# One device call on the lent H200: install the build tools carried as wheels
-# in .whl/ (../shared/gpu/stage-wheels.sh --peers), build mlacore with CUDA,
-# then run the requested steps, writing logs under $OUT.
+# One run on a CUDA GPU machine without network access: install the build
+# tools and peers carried as wheels in .whl/ (made beforehand with `pip wheel`),
+# build mlacore with CUDA, then run the requested steps, writing logs under $OUT.
 #   bash tools/gpu_run.sh "pytest mesontest bench:overhead,attn sanitizer"
 #   bash tools/gpu_run.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
 # Each step has its own time limit so one slow step cannot eat the call.
-# No argument runs "pytest bench"; an empty one ("") builds and installs only
-# (session 9 lost a call to "" meaning the default).
+# No argument runs "pytest bench"; an empty one ("") builds and installs only.
 set -uo pipefail
 STEPS=${1-"pytest bench"}
 OUT=${OUT:-/tmp/mlacore-out}

@@ -4,7 +4,7 @@
 // headers, so it can be built and run on its own on the GPU machine.
 //
 // Build and run (sm_90a: the bulk-copy variants need Hopper):
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/av bench/cuda/append_variants.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/av research/append_variants/append_variants.cu
 //   /tmp/av [--reps N] [--pool F] [--cases mla,mla-view,mha] [--nnz 65536,262144]
 // Exit status 0 only when every variant matched the reference everywhere.
 //

@@ -6,7 +6,7 @@ alternating, and compare each variant's "x fa3" (fa3 time over mlacore time,
 both measured in the same process with the L2 flushed before every timed
 call, as `python -m mlacore bench --mode attn` does).
 
-    PYTHONPATH=<repo root> python bench/cuda/decode_ab.py LABEL [REPEATS]
+    PYTHONPATH=<repo root> python research/decode/decode_ab.py LABEL [REPEATS]
 """
 
 import sys

@@ -8,7 +8,7 @@ CTAs are resident and waits, so its device time spans most of the decode's; run(
 decode kernel is what it costs. Lengths that double at a fixed batch give the per-tile slope and the fixed
 part of a CTA (intercept): the kernel time at 2L minus the time at L is L's tiles.
 
-    PYTHONPATH=<repo root> python bench/cuda/decode_profile.py [REPEATS]
+    PYTHONPATH=<repo root> python research/decode/decode_profile.py [REPEATS]
 """
 
 import sys

@@ -1,8 +1,8 @@
 """Runs one benchmark shape a few times, for a profiler (ncu) to pick a launch.
 
-    python tests/gpu/profile_cases.py decode BATCH KV HEADS PAGE
-    python tests/gpu/profile_cases.py append-mla NNZ PAGE
-    python tests/gpu/profile_cases.py append-mha NNZ PAGE
+    python research/decode/profile_cases.py decode BATCH KV HEADS PAGE
+    python research/decode/profile_cases.py append-mla NNZ PAGE
+    python research/decode/profile_cases.py append-mha NNZ PAGE
 """
 import sys
 import types

@@ -1,4 +1,4 @@
-// CHECK(call) for the standalone CUDA programs of bench/cuda: a failed
+// CHECK(call) for the standalone CUDA programs of research/probes: a failed
 // runtime call prints where and why, and ends the program.
 #pragma once
 

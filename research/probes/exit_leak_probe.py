@@ -7,8 +7,8 @@ referrers the cycle collector can see (types, frame names, whether a frame is
 still executing), plus the threads Python still knows of. Without the
 sanitizer only the script's own globals hold plans; under compute-sanitizer
 nanobind reports more at exit. Run it both ways:
-  python3 tests/gpu/exit_leak_probe.py [--no-threads]
-  compute-sanitizer --tool memcheck python3 tests/gpu/exit_leak_probe.py [--no-threads]
+  python3 research/probes/exit_leak_probe.py [--no-threads]
+  compute-sanitizer --tool memcheck python3 research/probes/exit_leak_probe.py [--no-threads]
 """
 import gc
 import os

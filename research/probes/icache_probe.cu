@@ -3,14 +3,14 @@
 // and the flag it raises is on the host's latency path; if the SM fetches that
 // code cold on every launch, the code's size, not its instruction count, sets
 // the time.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/cuda/icache_probe.cu -o /tmp/icache_probe
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a research/probes/icache_probe.cu -o /tmp/icache_probe
 // Each kernel runs a body of L 128-byte lines (8 independent IMADs a line, no
 // memory access) twice in a loop that is not unrolled: the first pass fetches
 // the body, the second runs it from the instruction cache. Per kernel: the
 // medians over 400 launches (each followed by a stream sync, as the plan's
 // build is) of both passes in SM cycles, the first pass's excess per line, and
 // how many distinct SMs the launches landed on.
-// Measured on the H200 (session 12, docs/bench/h200-plan-s12.txt): one warp
+// Measured on the H200 (session 12, research/measurements/2026-12-02-57acb65-h200-plan.txt): one warp
 // runs even a 32 KB body as fast the first time as the second (fetch keeps up
 // at 2 cycles an instruction); 256 threads pay 10-16 cycles a line more on the
 // first pass (2670 cycles, 1.35 us, for 32 KB). Every launch landed on the

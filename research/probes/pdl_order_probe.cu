@@ -3,9 +3,9 @@
 // finished? mlacore's combine is such a dependent of the decode kernel, and its
 // blocks for requests the decode wrote directly return before the wait: the
 // output is only safe to read downstream if the answer is no.
-//   nvcc -O2 -arch=sm_90a -o /tmp/pdl_order_probe bench/cuda/pdl_order_probe.cu && /tmp/pdl_order_probe
+//   nvcc -O2 -arch=sm_90a -o /tmp/pdl_order_probe research/probes/pdl_order_probe.cu && /tmp/pdl_order_probe
 // H200, driver 580.159.04, CUDA 13.0 (2026-12-02): 0/20 and 0/20, the stream
-// waits for the primary (docs/bench/h200-decode-s9.txt).
+// waits for the primary (research/measurements/2026-12-02-8e6bff1-h200-decode.txt).
 #include <cstdio>
 #include <cuda_runtime.h>
 __global__ void primary(volatile int* flag, long long ns) {

@@ -12,7 +12,7 @@
 // matching bar.sync, so both variants are race-free: hazards reported for
 // `arrive` only mean racecheck does not model bar.arrive.
 //
-//   nvcc -O3 -arch=sm_90a -std=c++17 bench/cuda/racecheck_arrive_probe.cu -o /tmp/racecheck_arrive_probe
+//   nvcc -O3 -arch=sm_90a -std=c++17 research/probes/racecheck_arrive_probe.cu -o /tmp/racecheck_arrive_probe
 //   compute-sanitizer --tool racecheck /tmp/racecheck_arrive_probe arrive
 //   compute-sanitizer --tool racecheck /tmp/racecheck_arrive_probe sync
 // Without the sanitizer it checks its own results and prints PASS or FAIL.

@@ -9,7 +9,7 @@
 // current stream is unless set, so what those tests launch on) or on a stream
 // per thread.
 //
-//   nvcc -O3 -arch=sm_90a -std=c++17 bench/cuda/racecheck_threads_probe.cu -o /tmp/rtp
+//   nvcc -O3 -arch=sm_90a -std=c++17 research/probes/racecheck_threads_probe.cu -o /tmp/rtp
 //   /tmp/rtp default 16 3        # plain: PASS and the time
 //   timeout 300 compute-sanitizer --tool racecheck /tmp/rtp default 16 3
 //   timeout 300 compute-sanitizer --tool racecheck /tmp/rtp streams 16 3

@@ -256,17 +256,17 @@ static bool run_case() {
     }
 
   uint16_t *d_q, *d_k, *d_p;
-  float *d_s64, *d_o, *d_ors;
+  float *d_s_m64, *d_o, *d_ors;
   CHECK(cudaMalloc(&d_q, q.size() * 2));
   CHECK(cudaMalloc(&d_k, k.size() * 2));
   CHECK(cudaMalloc(&d_p, pm.size() * 2));
   CHECK(cudaMalloc(&d_o, o_ref.size() * 4));
-  CHECK(cudaMalloc(&d_s64, s_ref.size() * 4));
+  CHECK(cudaMalloc(&d_s_m64, s_ref.size() * 4));
   CHECK(cudaMalloc(&d_ors, o_ref.size() * 4));
   CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_p, pm.data(), pm.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemset(d_s64, 0xff, s_ref.size() * 4));  // NaN: unwritten elements fail
+  CHECK(cudaMemset(d_s_m64, 0xff, s_ref.size() * 4));  // NaN: unwritten elements fail
   CHECK(cudaMemset(d_o, 0xff, o_ref.size() * 4));
   CHECK(cudaMemset(d_ors, 0xff, o_ref.size() * 4));
 
@@ -276,25 +276,25 @@ static bool run_case() {
   CHECK(cudaFuncSetAttribute(qk64_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
   pv_probe<kBf16><<<1, 256, smem_pv>>>(d_p, d_k, d_o);  // V = the first 512 dims of the K tile
   CHECK(cudaGetLastError());
-  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s64);
+  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s_m64);
   CHECK(cudaGetLastError());
   pv_rs_probe<kBf16><<<1, 256, smem_pv_rs>>>(d_p, d_k, d_ors);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
 
-  std::vector<float> s64(s_ref.size()), o(o_ref.size()), ors(o_ref.size());
-  CHECK(cudaMemcpy(s64.data(), d_s64, s64.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> s_m64(s_ref.size()), o(o_ref.size()), ors(o_ref.size());
+  CHECK(cudaMemcpy(s_m64.data(), d_s_m64, s_m64.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(ors.data(), d_ors, ors.size() * 4, cudaMemcpyDeviceToHost));
   char name[32];
   std::snprintf(name, sizeof name, "qk64-%s", tag);
-  const bool ok_s64 = report(name, s64, s_ref, kTok);
+  const bool ok_s_m64 = report(name, s_m64, s_ref, kTok);
   std::snprintf(name, sizeof name, "pv-%s", tag);
   const bool ok_o = report(name, o, o_ref, kV);
   std::snprintf(name, sizeof name, "pv_rs-%s", tag);
   const bool ok_ors = report(name, ors, o_ref, kV);
-  cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s64), cudaFree(d_o), cudaFree(d_ors);
-  return ok_s64 && ok_o && ok_ors;
+  cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s_m64), cudaFree(d_o), cudaFree(d_ors);
+  return ok_s_m64 && ok_o && ok_ors;
 }
 
 int main() {

@@ -1,24 +1,13 @@
-// Paged append kernels. The copy is bandwidth-bound only if every SM keeps
-// enough bytes in flight (H200: ~4.2 TB/s over 132 SMs is ~32 KB per SM per
-// microsecond of memory latency), so the kernel is shaped around that:
-//  - a persistent grid of exactly the blocks that fit at once, each owning an
-//    equal, contiguous range of tokens: no tail wave, and the sources of a
-//    block are one contiguous region;
-//  - a block takes its tokens in batches of up to kThreads: one thread per
-//    token runs the page-table lookup (batch/positions -> kv_indptr ->
-//    kv_indices, a chain of dependent loads), all of a batch's chains at once;
-//  - source addresses do not depend on the page table, so the batch's first
-//    round of source loads is issued before the lookups and the chains run
-//    while those loads are in flight; the next batch's batch/position loads
-//    are issued a batch ahead, so only the short indptr -> indices part is
-//    left on the critical path;
-//  - the copy is flat over (token, access) pairs, so every thread issues up to
-//    kVecsPerThread independent 16-byte loads whatever the row length (a
-//    power-of-two group per token left 44% of them idle for 1152-byte MLA
-//    rows), then its stores, rounds spread evenly over the batch.
-// The widest access every address and stride allows is used (16 bytes for
-// any dtype whose rows are 16-byte multiples, which covers every head dim
-// mlacore serves). Nothing depends on the warp size.
+// Paged append kernels and their launcher: each appended token's row (ckv and
+// kpe, or K and V) goes to the slot its batch index and position give through
+// the page table; a token whose request, position or page id is out of range
+// is skipped, never written. The classic kernel (CUDA and HIP): a persistent
+// grid, page-table lookups of a batch of tokens overlapped with its first
+// source loads, a flat copy of 16-byte accesses. On sm_90+ two faster shapes
+// for the row sizes engines use (a warp a token, register double-buffered;
+// Hopper bulk copies through a shared-memory ring), picked on the host from
+// the data (launch_gpu). No allocation, no synchronization.
+// Design: docs/design/2026-12-01-append-kernels.md.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -850,18 +839,15 @@ template <class Idx>
 bool launch_fast(const PageTable<Idx>& table, const Job& job, const KParams& kp, int device, gpuStream_t stream) {
   const bool flat = kp.a.seg_vecs == kp.a.vecs && kp.b.seg_vecs == kp.b.vecs;
   // K/V rows of 2048 bytes each (8 heads x 128 in bf16/fp16), NHD or HND,
-  // any page size: warp-pipe (0.911-0.917x of copy_ against 0.880-0.891x for
-  // the classic design in the bench).
+  // any page size: warp-pipe.
   if (kp.a.vecs == 128 && kp.b.vecs == 128 && is_pow2(kp.a.seg_vecs) && is_pow2(kp.b.seg_vecs))
     return launch_warp<MhaWarp, Idx>(table, kp, device, stream);
   if (!flat || kp.a.vecs == 0 || kp.b.vecs == 0) return false;
-  // MLA rows up to 1152 bytes, page size >= 16, sm_90 code: bulk copies
-  // (0.885-0.917x against 0.838-0.863x).
+  // MLA rows up to 1152 bytes, page size >= 16, sm_90 code: bulk copies.
   if (table.page_size >= 16 && (kp.a.vecs + kp.b.vecs) * 16 <= kBulkMaxRow &&
       launch_bulk(table, job, kp, device, stream))
     return true;
-  // MLA 1024 + 128-byte rows at page sizes below 16: a warp per 4 tokens
-  // (0.852-0.865x against 0.827-0.833x at page size 1).
+  // MLA 1024 + 128-byte rows at page sizes below 16: a warp per 4 tokens.
   if (table.page_size < 16 && kp.a.vecs == 64 && kp.b.vecs == 8)
     return launch_warp<MlaWarp, Idx>(table, kp, device, stream);
   return false;

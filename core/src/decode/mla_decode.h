@@ -1,5 +1,5 @@
-// What mla_decode.cpp (validation, CPU path) hands the GPU launchers in
-// mla_decode.cu: raw pointers and element strides, all checked already.
+// What mla_decode.cpp (validation, CPU path) hands the GPU launcher in
+// mla_decode_launch.cu and its kernels: raw pointers and element strides, all checked already.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Device helpers shared by the MLA decode kernels: mla_decode.cu (mma.sync
-// and portable kernels, the combine) and mla_decode_sm90.cu (wgmma kernel).
+// Device helpers shared by the MLA decode kernels: mla_decode_mma.cu,
+// mla_decode_portable.cu, mla_decode_combine.cu and mla_decode_sm90.cu.
 // Single source like the kernels: the work-item reader serves HIP too; the
 // cp.async / PTX helpers are CUDA only.
 #pragma once
@@ -59,12 +59,10 @@ __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
 // The tiled decode kernels (mma.sync, wgmma) run a one-dimensional grid,
 // work item-major: block w * tiles + y is query tile y of work item w. The
 // tiles of an item, which read the same KV rows, start side by side (so the
-// second reader may find them in L2: not measured on its own; fb1d4d4's gain,
-// PERFORMANCE.md, is this and the padding order together), and every real
-// item's CTAs are scheduled before those of the padding items past num_work,
-// which exit at once.
-// (With items along x and tiles along y, tile 1 of every item waited behind
-// all the padding items of tile 0.)
+// second reader may find them in L2), and every real item's CTAs are
+// scheduled before those of the padding items past num_work, which exit at
+// once (with items along x and tiles along y, tile 1 of every item would
+// wait behind all the padding items of tile 0).
 struct CtaCoord {
   int64_t item, tile;
 };

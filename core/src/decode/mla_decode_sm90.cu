@@ -1,79 +1,15 @@
 // MLA decode with wgmma (sm_90a), for 64-row query tiles (heads >= 32, or
-// MTP). Same contract as mla_decode.cu's mma.sync kernel: one CTA per (work
-// item, 64 packed query rows), 64-token KV tiles gathered through the page
-// table, online softmax in base 2, the same direct / partial epilogue, so the
-// combine kernel and the schedule are shared.
-//
-// Why: the mma.sync kernel re-reads K and V from shared memory with ldmatrix
-// once per 16 query rows and is issue bound at heads=128. wgmma reads each
-// shared-memory operand once per 64 rows, asynchronously.
-//
-// Shared memory: Q (64 x 576) and each of two KV stages (64 x 576) in the
-// 128-byte-swizzle K-major layout of gpu/wgmma_sm90.cuh (9 column blocks of
-// 64 elements), P (64 x 64, one K-major block), the per-row rescale factors
-// of the current tile, row sums, per-token valid flags. No room for a third
-// stage or a second P buffer (227 KB).
-//
-// Two warpgroups with different roles (the FlashMLA split), O's 512 columns
-// halved between them (128 fp32 accumulators per thread each):
-//  - warpgroup 0 (softmax): S = Q K^T for the whole tile (m64n64k16, 36
-//    k-steps, one read of Q per tile), mask, row maxima (a quad shuffle: it
-//    holds whole rows), P and the rescale factors alpha -> shared memory for
-//    warpgroup 1, O[:, 0:256] *= alpha, O[:, 0:256] += P V[:, 0:256]
-//    (m64n256k16 with P as the register A operand: the S accumulator packed
-//    pairwise is the A fragment, wgmma_sm90.cuh acc_to_a).
-//  - warpgroup 1 (loader): gathers KV tiles with cp.async through the page
-//    table (4 token rows x 9 chunks of 16 bytes per thread per tile), and
-//    O[:, 256:512] = alpha * O + P V[:, 256:512] (P from shared memory).
-// Three named barriers (256 threads) and three mbarriers (waited for by the
-// parity of the phase; a phase two ahead of a wait never completes before
-// it, tests/_wgmma_barrier_model.py checks):
-//  - kBarStart (sync/sync, once): Q and tile 0 landed (every thread did
-//    cp.async.wait + fence.proxy.async), the mbarriers initialized.
-//  - KvFull[s] (mbarriers, one a stage): tile t >= 1 lands in stage t % 2 on
-//    phase (t - 1) / 2. Each loader thread arrives twice a tile: through
-//    cp.async.mbarrier.arrive, once its copies have landed, and at once
-//    (release: the valid flags it stored). Both warpgroups wait, then
-//    fence.proxy.async for their own wgmma reads of the stage.
-//  - kBarPFull (sync/sync): P(t), alpha(t) stored and fenced -> P V(t).
-//  - PFree (mbarrier: WG1's 128 threads arrive on phase t, WG0 waits): WG1's
-//    P V(t) completed and alpha(t) read, so P and alpha may be overwritten
-//    by tile t+1.
-//  - kBarKvEmpty (WG0 arrives, WG1 syncs): WG0's S(t) and P V(t) completed,
-//    so stage t % 2 may be refilled (WG1's own P V(t) is waited for by WG1).
-// Racecheck does not model bar.arrive: once one is used it reports hazards,
-// even past the next __syncthreads, on accesses that barrier orders
-// (research/probes/racecheck_arrive_probe.cu; PFree is an mbarrier for that
-// reason, at no cost). KvEmpty's arrive went unreported while warpgroup 1
-// was always waiting at it first; since warpgroup 0 may free a stage early
-// (below) racecheck reports the epilogue's staging stores against its
-// reads, on either side of a __syncthreads. As an mbarrier KvEmpty is clean
-// under racecheck but costs all of session 14's gain (warpgroup 1's wait,
-// not the arrivals: one arrival a warp was as slow), so it is one only in
-// racecheck builds (MLACORE_RACECHECK_BARRIERS, meson -Dracecheck_barriers).
-// Warpgroup 0 never blocks on KvEmpty: with bar.sync on both sides the
-// kernel hung (session 14), most likely because its four warps decide the
-// early free below each for itself, and a warp held at KvEmpty before S
-// waits for warps that are held at S's wgmma waiting for it.
-// Per tile t, warpgroup 0: (t > 0:) if tile t has not landed and t + 1 < n,
-// wait_group 0 (P V(t-1)) and arrive KvEmpty(t-1) first; wait KvFull(t);
-// issue S(t), commit; (not yet arrived, 0 < t < n-1:) wait_group 1 (P V(t-1))
-// -> arrive KvEmpty(t-1); wait_group 0 (S(t)); softmax; O *= alpha; wait
-// PFree(t-1) (t > 0); store P, alpha; fence; sync PFull(t); issue P V(t)
-// from registers, commit (waited for in the next tile; P's registers stay
-// untouched until then).
-// Warpgroup 1: sync PFull(t); read alpha(t); O *= alpha; wait KvFull(t)
-// (t > 0); issue P V(t), commit; wait_group 0; (t + 1 < n:) arrive PFree;
-// (t + 2 < n:) wait KvEmpty(t), issue tile t+2 into stage t % 2. Both sides
-// use every barrier under the same tile-count conditions.
-// Why mbarriers for KvFull (session 14): with a named barrier, warpgroup 1
-// waited for tile t+1 to land (cp.async.wait_group) before it could free
-// and refill stage t % 2, so one tile was in flight at a time and every
-// tile's load latency was exposed; now tile t+2 is issued while tile t+1
-// is still landing, and warpgroup 0 frees the stage before it waits for a
-// late tile. Two tiles in flight: run() 2.7-3.7% faster at heads=128.
-// Warpgroup 0 issues S(t+1) right behind both halves of P V(t), so the
-// tensor cores idle only during warpgroup 0's softmax.
+// several query tokens). Same contract as the mma.sync kernel
+// (mla_decode_mma.cu): one CTA per (work item, 64 packed query rows), 64-token
+// KV tiles gathered through the page table, online softmax in base 2, the
+// same direct / partial epilogue, so the schedule and the combine are shared.
+// Warpgroup 0 computes S, the softmax and O[:, 0:256]; warpgroup 1 loads KV
+// tiles (two in flight, two shared-memory stages) and computes O[:, 256:512].
+// They hand off through named barriers (kBarStart, kBarPFull, kBarKvEmpty)
+// and mbarriers (KvFull per stage, PFree); the order is modelled and checked
+// by tests/_wgmma_barrier_model.py, which must change with it.
+// Roles, barrier protocol and the reasons for each choice:
+// docs/design/2026-12-01-decode-sm90-barriers.md.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -101,7 +37,9 @@ constexpr int kLdPasses = kTok / kLdRows;
 // Named barrier ids (0 is __syncthreads).
 constexpr int kBarStart = 1, kBarKvEmpty = 2, kBarPFull = 3;
 // KvEmpty as an mbarrier (racecheck builds, meson -Dracecheck_barriers=true)
-// or a named barrier that warpgroup 0 enters with bar.arrive (see above).
+// or a named barrier that warpgroup 0 enters with bar.arrive, which racecheck
+// does not model. Warpgroup 0 never blocks on KvEmpty (its warps decide the
+// early free each for itself).
 constexpr bool kKvEmptyMbarrier =
 #if defined(MLACORE_RACECHECK_BARRIERS)
     true;
@@ -318,9 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       // Whether KvEmpty(it-1) was already arrived on: when tile `it` has not
       // landed, this warp waits for its P V(it-1) first and frees stage
       // (it-1) % 2 before waiting, so warpgroup 1 issues tile it+1 while tile
-      // `it` is still in flight (session 14: about 1% faster at batch 32,
-      // page size 1, than always freeing it after S(it), as when the tile
-      // has landed; the same at the other shapes).
+      // `it` is still in flight.
       bool freed = false;
       if (it > 0) {
         const uint32_t full = s_full + 8 * stage, parity = full_parity(it);
@@ -546,15 +482,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   if (to_partial) {
     // fp32 partial rows, contiguous in partial_o: through shared memory (the
     // KV stages, free now), so that each warp stores 512 contiguous bytes an
-    // instruction instead of 8-byte pairs on eight rows (H200, session 7:
-    // 0.5-0.9% off run() at the 64-tile shapes against storing from the
-    // fragments; the epilogue itself, 4-6 us a CTA with all CTAs writing at
-    // once, is no shorter: the stores draining, not their count, bound it).
-    // The fragment stores put 16-byte chunk c of row r at chunk c ^ (r & 7),
-    // and a row read back stays one conflict-free 512-byte sweep. ncu
-    // (session 8) counts 4 wavefronts a fragment store against 2 ideal, 1024
-    // excess a CTA; c ^ 2 (r & 3), meant to spread the four rows of each
-    // 16-lane phase, did not lower the kernel's store wavefronts.
+    // instruction instead of 8-byte pairs on eight rows. The fragment stores
+    // put 16-byte chunk c of row r at chunk c ^ (r & 7), and a row read back
+    // stays one conflict-free 512-byte sweep.
     float* s_o = reinterpret_cast<float*>(smem + kOffKv);
     static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
 #pragma unroll

@@ -1,5 +1,5 @@
 // The wgmma (sm_90a) MLA decode kernel for 64-row query tiles, launched by
-// mla_decode.cu's dispatch in front of the mma.sync kernel. CUDA builds only.
+// mla_decode_launch.cu in front of the mma.sync kernel. CUDA builds only.
 #pragma once
 
 #include "gpu/compat.h"

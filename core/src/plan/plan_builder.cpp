@@ -39,9 +39,9 @@ IndexView view_of(const Arg& a) {
 }
 
 // floor(n / d) as one multiply, for a divisor shared by a whole pass over the
-// requests: a 64-bit idiv costs up to ~90 cycles on older Xeons, and one per
-// request per candidate chunk made the host schedule cost 4-5 us at batch 256
-// on the 2-core CI machine (it is on the latency path of every plan). With m = ceil(2^64 / d) and e = m*d - 2^64
+// requests: a 64-bit idiv costs up to ~90 cycles on older Xeons, one per
+// request per candidate chunk, and the host schedule is on the latency path of
+// every plan. With m = ceil(2^64 / d) and e = m*d - 2^64
 // (0 <= e < d), n*m / 2^64 = n/d + n*e / (d * 2^64), and the error term stays
 // below 1/d, so the floor is exact, whenever n*e < 2^64: true for n, d < 2^32.
 // The schedule only divides tile counts (kv_len <= 2^31-1 gives < 2^26 tiles).

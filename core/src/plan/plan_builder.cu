@@ -3,33 +3,12 @@
 // its verdict and counts through that buffer and places the schedule itself
 // (one launch, no memcpy, no stream synchronization), and the device-only
 // schedule kernel (the same decision and placement without the host).
-//
-// The exchange (build() with device inputs), for sequence number s:
-//   device: totals (validation bits included) in one block reduction; on an
-//           error bit the inputs -> staging (for the host's message), a
-//           system fence, the verdict -> ctl[kVerdict..], and nothing more;
-//           else the verdict, then the chunk (when something splits, the
-//           candidates' counts in a second reduction), the counts ->
-//           ctl[kCounts..], and the schedule into the metadata. Every word
-//           is tagged with s.
-//   host:   build() spins until every verdict word carries s; on error bits
-//           it validates the staged inputs for the ValueError. info() spins
-//           until the count words carry s.
-// Sequence numbers grow by one per exchange, so a word left over from an
-// earlier build never carries the current one (the tag is 32 bits: 2^32
-// builds apart, and every build rewrites all the words it sends).
-//
-// The kernel never waits for the host, and the host waits only for what it
-// must check: the verdict comes after the loads and one reduction, while the
-// chunk's choice (divisions, a pass over the requests, a second reduction:
-// 1.3-1.8 us in session 12's trace, docs/bench/h200-plan-s12.txt) runs after
-// it, overlapping the host's return, as the placement does. Session 13 put
-// build()'s worst at 1.09-1.13x the bare pinned round trip in six runs, against
-// 1.22-1.31x when it waited for the chunk too (docs/bench/h200-plan-s13.txt). The decision is
-// still written for latency, as info() waits for it: warp 0 alone for
-// batches it holds whole (no barrier), one barrier per reduction otherwise,
-// every load issued up front, and the chunk's divisions in 32 bits without
-// branches between them.
+// Contract: build() returns once the verdict words of its sequence number
+// arrive (on error bits it validates the staged inputs for the ValueError);
+// info() waits for the count words. Every word is tagged with the build's
+// sequence number, so none needs ordering against another and a word left
+// from an earlier build is never taken. The kernel never waits for the host.
+// Design: docs/design/2026-12-02-plan-exchange.md.
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -437,10 +416,9 @@ __device__ __forceinline__ uint32_t ceil_by_magic(uint32_t n, uint64_t m) {
 // same results as the shared helpers (chunk_bounds, candidate_chunks,
 // splits_of, pick_chunk_tiles), written without branches so that each stage's
 // divisions issue together, and dividing by num_sms and the spare work through
-// the host's reciprocals: three division latencies deep (s0, the candidates,
-// the per-request splits), where the helpers' checked divisions ran one after
-// another (2.1 us of the kernel's 3.2-3.9 us before its verdict in session 12,
-// when the verdict waited for the chunk).
+// the host's reciprocals: three division latencies deep (the most parts, the
+// candidates, the per-request splits), where the helpers' checked divisions
+// run one after another.
 // All operands stay below 2^31, so no sum or product below overflows its width.
 __device__ __forceinline__ ChunkCounts chunk_narrow(const ScheduleInputs& in, const ScheduleLayout& layout,
                                                    const ScheduleTotals& t, const Share& share,
@@ -455,8 +433,8 @@ __device__ __forceinline__ ChunkCounts chunk_narrow(const ScheduleInputs& in, co
   const uint32_t bal = bal_raw < cap ? cap : bal_raw;
   const uint32_t balance = bal < no_split ? bal : no_split, capacity = cap < no_split ? cap : no_split;
   if (balance >= no_split) return {no_split, in.batch, 0};  // splits_nothing()
-  const uint32_t s0 = ceil_div32(no_split, balance);
-  const uint32_t parts[kPlanCandidates] = {s0, s0 - 1u, s0 * 3u / 4u, s0 / 2u, 1u};
+  const uint32_t most = ceil_div32(no_split, balance);
+  const uint32_t parts[kPlanCandidates] = {most, most - 1u, most * 3u / 4u, most / 2u, 1u};
   uint32_t chunk[kPlanCandidates];
 #pragma unroll
   for (int i = 0; i < kPlanCandidates; ++i) {
@@ -621,8 +599,7 @@ __device__ __forceinline__ Reducer reducer_of(const ScheduleInputs& in, unsigned
 // N words, each tagged with the build's sequence number in its high half, one
 // word a lane of warp 0 (one store instruction): the host takes them once
 // every word carries its number, so no word needs ordering against another,
-// and an accepted batch pays no system-scope fence (a fence before a flag
-// cost 0.74-0.80 us, session 11). A rejection fences first: the staged
+// and an accepted batch pays no system-scope fence. A rejection fences first: the staged
 // inputs, which the host then reads, were stored before it (ordered by the
 // barrier or the warp's sync before this).
 template <class T>
@@ -699,8 +676,8 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
 // which gives each such request no work and records its bits; for valid
 // batches the two agree bit for bit (the decision restates the shared
 // helpers, test_plan compares both with the host). The generic helpers' checked
-// 64-bit divisions one after another kept this kernel, which a CUDA graph
-// replays ahead of every decode, at 6.4-8.8 us back to back (session 12).
+// 64-bit divisions one after another are too slow for this kernel, which a
+// CUDA graph replays ahead of every decode.
 __global__ void __launch_bounds__(kScheduleThreads, 1)
     build_schedule_kernel(ScheduleInputs in, ScheduleLayout layout, int32_t* meta, uint64_t sms_magic,
                           uint64_t spare_magic) {
@@ -773,8 +750,7 @@ void spin_until(Seen seen, Stalled stalled) {
 // can hold them back. So the health check, every millisecond, only asks
 // whether the device has failed: a query of the legacy stream, which is
 // always valid, returns a sticky error and never waits (a synchronization
-// would wait for all the device's work, other streams' included: session 13
-// saw a build under racecheck wait for a 1.5 s kernel on the default stream).
+// would wait for all the device's work, other streams' included).
 StagedCounts exchange_counts(Staging* s, uint64_t seq) {
   const uint64_t* words = s->control() + kCounts;
   StagedCounts c{};

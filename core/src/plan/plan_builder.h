@@ -1,4 +1,4 @@
-// Plan metadata: the decode schedule of decode_schedule.h, built from
+// Plan metadata: the decode schedule of schedule.h, built from
 // qo_indptr, kv_indptr (page indptr) and kv_len_arr.
 //
 // Entry point: PlanBuilder (C ABI mlacore_plan_*, Python mlacore.MlaPlan). A build validates
@@ -10,8 +10,8 @@
 // the reference of the host build. Every step is integer arithmetic whose result does not
 // depend on how the requests were spread over threads, so the two agree bit for bit. The host
 // build itself (plan_builder.cpp) is that same computation for validated inputs, reorganized
-// into division-free passes: it sits on the latency path of every plan, and a 64-bit division
-// per request and candidate cost 4-5 us at batch 256 on the CI machine. With device inputs
+// into division-free passes: it sits on the latency path of every plan, where a 64-bit
+// division per request and candidate would cost microseconds at large batches. With device inputs
 // the exchange kernel runs all three phases and hands the host only its verdict, so the
 // host's part does not grow with the batch (it reads the inputs only to word a rejection).
 #pragma once
@@ -236,8 +236,8 @@ MLACORE_HD bool splits_nothing(const ChunkBounds& cb, const ScheduleTotals& t) {
 }
 
 // Candidate i as a number of equal parts of the longest request (no_split
-// tiles): s0 = ceil(no_split / balance), the most parts the balance allows,
-// then s0 - 1, 3/4 s0, s0 / 2 and 1 (no split at all). Equal parts (512
+// tiles): most = ceil(no_split / balance), the most parts the balance
+// allows, then most - 1, 3/4 most, most / 2 and 1 (no split at all). Equal parts (512
 // tiles in 8 x 64, not 8 x 63 + 8) leave no CTA with a tail the others wait
 // for, and a count that just misses a wave is weighed against the one below
 // it: 16 query tiles of 512 KV tiles on 132 SMs are 9 x 57 (144 CTAs, two
@@ -249,8 +249,8 @@ struct CandidateChunks {
 };
 
 MLACORE_HD CandidateChunks candidate_chunks(const ChunkBounds& cb, int64_t no_split) {
-  const int64_t s0 = ceil_div(no_split, cb.balance);
-  const int64_t parts[kPlanCandidates] = {s0, s0 - 1, s0 * 3 / 4, s0 / 2, 1};
+  const int64_t most = ceil_div(no_split, cb.balance);
+  const int64_t parts[kPlanCandidates] = {most, most - 1, most * 3 / 4, most / 2, 1};
   CandidateChunks out;
   for (int i = 0; i < kPlanCandidates; ++i) {
     const int64_t c = ceil_div(no_split, parts[i] < 1 ? 1 : parts[i]);

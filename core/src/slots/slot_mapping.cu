@@ -1,6 +1,10 @@
-// GPU kernels of the slot-mapping ops. Each is one launch on the caller's
+// GPU kernels of the slot-mapping ops: slot_mapping (FlashInfer's batch
+// indices and positions to vLLM slots, -1 for a token to skip),
+// page_indices_from_block_table (a [B, max_blocks] table of any strides to
+// kv_indices) and batch_indices_positions. Each is one launch on the caller's
 // stream with no allocation and no sync, hence CUDA-graph capturable; the
-// element work is the MLACORE_HD code the CPU loops run too.
+// element work is the MLACORE_HD code the CPU loops run too, and every
+// page-table read is bounds-checked there.
 #include "gpu/compat.h"
 #include "slots/slot_mapping.h"
 
