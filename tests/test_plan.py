@@ -913,3 +913,30 @@ def test_gpu_blocking_launches_still_exchange():
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def test_128_mib_serves_uniform_engine_shapes_without_capping():
+    # Engines give 128 MiB. At heads 16-128, batch 1-512, 1-4 query tokens and uniform lengths the
+    # budget never changes the schedule (132 SMs); it binds only for skewed batches, which it keeps in.
+    rows = _mlacore.mla_decode_workspace_rows(128 << 20)
+    for heads in (16, 128):
+        for B in (1, 4, 32, 128, 512):
+            for qo_len in (1, 2, 4):
+                for L in (1024, 65536):
+                    qo, kv, kv_len = tensors([q * qo_len for q in range(B + 1)], [b * L for b in range(B + 1)],
+                                             [L] * B)
+                    plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
+                    plan.build(qo, kv, kv_len, 1, heads)
+                    free = plan.metadata.clone()
+                    plan.set_partial_budget(rows)
+                    plan.build(qo, kv, kv_len, 1, heads)
+                    assert torch.equal(plan.metadata, free), (heads, B, qo_len, L)
+                    assert plan.info.num_partials * qo_len * heads * 2052 <= 128 << 20
+    # Skewed: one long request among short ones at 128 heads x 4 tokens: capped, and within 128 MiB.
+    B = 512
+    lens = [65536] + [64] * (B - 1)
+    qo, kv, kv_len = tensors([q * 4 for q in range(B + 1)], [0] + list(torch.tensor(lens).cumsum(0).tolist()), lens)
+    plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
+    plan.set_partial_budget(rows)
+    plan.build(qo, kv, kv_len, 1, 128)
+    assert plan.info.num_partials * 4 * 128 * 2052 <= 128 << 20
