@@ -13,6 +13,10 @@ void bind_decode(nb::module_& m) {
               mlacore_decode_dims{max_batch, max_work, max_qo_len, max_partials}, heads);
         });
 
+  m.def("mla_decode_workspace_rows", &mlacore_mla_decode_workspace_rows, nb::arg("workspace_bytes"));
+  m.def("mla_decode_workspace_partials", &mlacore_mla_decode_workspace_partials, nb::arg("workspace_bytes"),
+        nb::arg("max_qo_len"), nb::arg("num_heads"));
+
   m.def(
       "mla_decode",
       [](nb::handle q_nope, nb::handle q_pe, nb::handle ckv, nb::handle kpe, nb::handle kv_indices,

@@ -69,6 +69,8 @@ class Plan {
     return d;
   }
 
+  void set_partial_budget(int64_t rows, int64_t qo_len) { check(mlacore_plan_set_partial_budget(plan_, rows, qo_len)); }
+
   nb::tuple capacity() const {
     int64_t max_batch = 0, max_work = 0;
     int32_t num_sms = 0;
@@ -117,6 +119,7 @@ void bind_plan(nb::module_& m) {
           nb::arg("qo_indptr").none(), nb::arg("kv_indptr").none(), nb::arg("kv_len_arr").none(),
           nb::arg("page_size"), nb::arg("num_heads"), nb::arg("metadata").none(),
           nb::arg("stream").none() = nb::none())
+      .def("set_partial_budget", &Plan::set_partial_budget, nb::arg("partial_rows"), nb::arg("partial_qo_len"))
       .def("info", &Plan::info)
       .def("stats", &Plan::stats)
       .def("capacity", &Plan::capacity);

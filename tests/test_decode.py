@@ -97,7 +97,7 @@ def run_forced_chunk(d, chunk, sm_scale, causal, *, portable=False):
     dev = d["q_nope"].device
     heads, page_size = d["heads"], d["page_size"]
     md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads, chunk_tokens=chunk)
-    ws = torch.empty(_decode.workspace_bytes(mb, mw, mq, heads), dtype=torch.uint8, device=dev)
+    ws = torch.empty(_decode._capacity_bytes(mb, mw, mq, heads), dtype=torch.uint8, device=dev)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
@@ -178,7 +178,7 @@ def forced_schedule_decode(d, chunk_tokens, causal=True, sm_scale=0.1, max_qo_le
             max_work=max_work + extra_work)
     max_qo = max_qo_len or max_qo
     dev = d["q_nope"].device
-    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, d["heads"]), dtype=torch.uint8, device=dev)
+    ws = torch.empty(_decode._capacity_bytes(max_batch, max_work, max_qo, d["heads"]), dtype=torch.uint8, device=dev)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
@@ -300,17 +300,44 @@ def test_validation_errors_name_the_argument():
 def test_workspace_too_small_says_how_many_bytes():
     d = make_batch([300, 300], [2, 2], 16, 16, torch.bfloat16, "cpu")
     md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 16, chunk_tokens=64)
-    need = _decode.workspace_bytes(mb, mw, mq, 16)
+    need = _decode._capacity_bytes(mb, mw, mq, 16)
     assert need == mw * mq * 16 * 513 * 4
     ws = torch.empty(need - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match=f"at least {need} bytes"):
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
                             d["qo_indptr"], d["kv_len"], md, ws, torch.empty_like(d["q_nope"]), None, mb, mw, mq, mw,
                             16, 0.1, True)
-    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="float_workspace_buffer: expected at least"):
-        w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
-               torch.bfloat16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("ws_bytes", [16, 16 * 2 * 513 * 4 * 2, 16 * 2 * 513 * 4 * 3 + 100])
+def test_cpu_any_workspace_runs_with_the_splits_it_holds(ws_bytes, graph):
+    # The plan caps the partials to what the workspace holds (none below two), instead of raising.
+    d = make_batch([3000, 2500, 40], [2, 2, 1], 16, 16, torch.bfloat16, "cpu", seed=5)
+    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(ws_bytes, dtype=torch.uint8), use_cuda_graph=graph)
+    w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+           torch.bfloat16, torch.bfloat16)
+    info = w._plan.info
+    assert info.num_partials <= ws_bytes // (2 * 16 * 513 * 4)
+    assert w._capacity[3] * 2 * 16 * 513 * 4 <= ws_bytes
+    out, lse = w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], return_lse=True)
+    check(d, out, lse, 0.1, True, what=f"workspace {ws_bytes} B")
+
+
+def test_workspace_bytes_sizes_an_uncapped_schedule():
+    need = mlacore.workspace_bytes(16, 8, 2, num_sms=4)
+    assert need == (8 + 4) * 2 * 16 * 513 * 4  # default_max_work partials of 2 x 16 rows
+    assert mlacore.workspace_bytes(128, 512, 4, num_sms=132) > 128 << 20  # 128 MiB is capped there, and runs
+    with pytest.raises(ValueError, match="num_heads"):
+        mlacore.workspace_bytes(0, 8)
+    d = make_batch([5000], [1], 64, 16, torch.bfloat16, "cpu", seed=9)
+    ws = torch.empty(mlacore.workspace_bytes(16, 1, 1), dtype=torch.uint8)
+    capped = mlacore.BatchMLAPagedAttentionWrapper(ws)
+    capped.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 64, False, 0.1,
+                torch.bfloat16, torch.bfloat16)
+    plan = mlacore.MlaPlan("cpu", max_batch=1)
+    plan.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], 64, 16)
+    assert capped._plan.info == plan.info  # that size never caps
 
 
 def test_metadata_of_wrong_size_is_rejected():
@@ -321,6 +348,257 @@ def test_metadata_of_wrong_size_is_rejected():
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
                             d["qo_indptr"], d["kv_len"], md[:-4], ws, torch.empty_like(d["q_nope"]), None, mb, mw,
                             mq, mw, 16, 0.1, True)
+
+
+# --- FlashInfer's argument forms ------------------------------------------------
+
+def test_cpu_batch_from_qo_indptr_and_longer_index_inputs():
+    # FlashInfer reads the first batch+1 entries of kv_indptr and batch of kv_len_arr.
+    d = make_batch([70, 300, 5], [1, 2, 1], 16, 16, torch.bfloat16, "cpu", seed=21)
+    (ref_o, ref_l), _ = run_wrapper(d, sm_scale=0.1)
+    long = dict(d, kv_indptr=torch.cat([d["kv_indptr"], torch.tensor([99, -5], dtype=torch.int32)]),
+                kv_len=torch.cat([d["kv_len"], torch.tensor([7, -1], dtype=torch.int32)]),
+                kv_indices=torch.cat([d["kv_indices"], torch.full((50,), 10 ** 6, dtype=torch.int32)]))
+    (o, l), _ = run_wrapper(long, sm_scale=0.1)
+    assert torch.equal(o, ref_o) and torch.equal(l, ref_l)
+    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"kv_indptr: expected at least batch\+1=4"):
+        w.plan(d["qo_indptr"], d["kv_indptr"][:3], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_len_arr: expected at least batch=3"):
+        w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"][:2], 16, 512, 64, 16, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3", "native", "auto"])
+def test_cpu_flashinfer_backend_names_run_the_native_kernel(backend):
+    d = make_batch([70, 130], [1, 1], 16, 16, torch.bfloat16, "cpu", seed=3)
+    (o, l), scale = run_wrapper(d, backend=backend)
+    (o_n, l_n), _ = run_wrapper(d, backend="native")
+    assert torch.equal(o, o_n) and torch.equal(l, l_n)
+
+
+def test_cutlass_backend_says_what_to_pass_instead():
+    with pytest.raises(ValueError, match="no CUTLASS path.*'fa2'"):
+        mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8), backend="cutlass")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8), backend="fa4")
+
+
+def test_cpu_lse_base_on_e_and_lse_mode():
+    d = make_batch([70, 0, 200], [1, 1, 2], 16, 16, torch.bfloat16, "cpu", seed=4)
+    ws = torch.empty(8 << 20, dtype=torch.uint8)
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws)
+    args = (d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], 16, 512, 64, 16, True, 0.1,
+            torch.bfloat16, torch.bfloat16)
+    w.plan(*args)
+    o2, l2 = w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], return_lse=True)
+    oe, le = w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], return_lse=True, return_lse_base_on_e=True)
+    assert torch.equal(o2, oe)
+    fin = torch.isfinite(l2)
+    assert torch.equal(fin, torch.isfinite(le)) and (le[~fin] == -math.inf).all()
+    torch.testing.assert_close(le[fin], l2[fin] * math.log(2.0))
+    check(d, oe, le / math.log(2.0), 0.1, True, what="base e")
+    # lse given without return_lse is still written (FlashInfer does), in the base asked for.
+    lse = torch.zeros_like(l2)
+    w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], lse=lse, return_lse_base_on_e=True)
+    assert torch.equal(lse, le)
+    for mode, want in (("base2", l2), ("none", l2), ("basee", le)):
+        w.plan(*args, lse_mode=mode)
+        assert torch.equal(w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], return_lse=True)[1], want), mode
+    with pytest.raises(ValueError, match="lse_mode"):
+        w.plan(*args, lse_mode="base10")
+    assert w._sm_scale == 0.1 and w._float_workspace_buffer is ws  # FlashInfer attributes engines read
+
+
+def test_module_paths_and_seq_lens():
+    import mlacore.mla
+    import mlacore.page
+
+    assert mlacore.mla.BatchMLAPagedAttentionWrapper is mlacore.BatchMLAPagedAttentionWrapper
+    for name in ("append_paged_kv_cache", "append_paged_mla_kv_cache", "get_batch_indices_positions",
+                 "get_seq_lens"):
+        assert getattr(mlacore.page, name) is getattr(mlacore, name)
+    kv_indptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)
+    last = torch.tensor([5, 0, 16, 1], dtype=torch.int32)
+    assert mlacore.get_seq_lens(kv_indptr, last, 16).tolist() == [37, 0, 16, 65]
+    with pytest.raises(ValueError, match="kv_indptr: expected batch\\+1=5"):
+        mlacore.get_seq_lens(kv_indptr[:4], last, 16)
+    with pytest.raises(TypeError, match="kv_last_page_len"):
+        mlacore.get_seq_lens(kv_indptr, [1, 2, 3, 4], 16)
+
+
+def test_batch_indices_positions_into_given_buffers():
+    indptr = torch.tensor([0, 2, 5, 6], dtype=torch.int32)
+    seq = torch.tensor([4, 3, 10], dtype=torch.int32)
+    want_b, want_p = mlacore.get_batch_indices_positions(indptr, seq, 6)
+    bi = torch.full((8,), 77, dtype=torch.int32)
+    pos = torch.full((8,), 77, dtype=torch.int32)
+    got_b, got_p = mlacore.get_batch_indices_positions(indptr, seq, 6, batch_indices=bi, positions=pos)
+    assert got_b is bi and got_p is pos
+    assert torch.equal(bi[:6], want_b) and torch.equal(pos[:6], want_p)
+    assert bi[6:].tolist() == [77, 77] and want_p.tolist() == [2, 3, 0, 1, 2, 9]
+    with pytest.raises(ValueError, match="positions: expected a 1-D int32 tensor of at least nnz=6"):
+        mlacore.get_batch_indices_positions(indptr, seq, 6, batch_indices=bi, positions=pos[:5])
+    with pytest.raises(ValueError, match="batch_indices"):
+        mlacore.get_batch_indices_positions(indptr, seq, 6, batch_indices=bi.long())
+
+
+# --- CUDA-graph contract ----------------------------------------------------------
+
+def _grow(seed, batch, heads, page_size, qo, device, max_kv=900):
+    """A batch of `batch` requests of random lengths over one shared cache of 400 pages of page_size."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, max_kv, (batch,), generator=g).tolist()
+    return make_batch(lens, [qo] * batch, page_size, heads, torch.bfloat16, device, seed=seed)
+
+
+def test_cpu_graph_mode_runs_with_the_wrappers_buffers_not_the_latest_plans_tensors():
+    heads, page = 16, 16
+    bufs = dict(qo_indptr=torch.empty(9, dtype=torch.int32), kv_indptr=torch.empty(9, dtype=torch.int32),
+                kv_indices=torch.empty(600, dtype=torch.int32), kv_len_arr=torch.empty(8, dtype=torch.int32))
+    ptrs = {k: v.data_ptr() for k, v in bufs.items()}
+    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(32 << 20, dtype=torch.uint8), use_cuda_graph=True, **bufs)
+    md_ptr = None
+    for step, batch in enumerate([8, 3, 6, 1, 8]):
+        d = _grow(step, batch, heads, page, 2, "cpu")
+        w.plan(d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], heads, 512, 64, page, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+        # The plan's inputs are copied into the constructor's buffers ...
+        assert torch.equal(bufs["qo_indptr"][: batch + 1], d["qo_indptr"])
+        assert torch.equal(bufs["kv_len_arr"][:batch], d["kv_len"])
+        n = d["kv_indices"].numel()
+        assert torch.equal(bufs["kv_indices"][:n], d["kv_indices"])
+        # ... and run() reads only those: the caller's tensors may be freed or overwritten.
+        truth = dict(d, **{k: d[k].clone() for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len")})
+        d["qo_indptr"].fill_(0)
+        d["kv_indptr"].fill_(0)
+        d["kv_indices"].fill_(10 ** 6)
+        d["kv_len"].fill_(-1)
+        launched = [t.data_ptr() for t in w._run_index]
+        assert launched == [ptrs["qo_indptr"], ptrs["kv_indptr"], ptrs["kv_indices"], ptrs["kv_len_arr"]]
+        md_ptr = md_ptr or w._md.data_ptr()
+        assert w._md.data_ptr() == md_ptr
+        out, lse = w.run(truth["q_nope"], truth["q_pe"], truth["ckv"], truth["kpe"], return_lse=True)
+        check(truth, out, lse, 0.1, True, what=f"graph-mode step {step} batch {batch}")
+    assert {k: v.data_ptr() for k, v in bufs.items()} == ptrs
+
+
+def test_cpu_graph_mode_capacities_and_own_buffers():
+    heads, page = 16, 16
+    w = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(32 << 20, dtype=torch.uint8), use_cuda_graph=True)
+    d = _grow(1, 4, heads, page, 1, "cpu", max_kv=300)
+    args = lambda d: (d["qo_indptr"], d["kv_indptr"], d["kv_indices"], d["kv_len"], heads, 512, 64, page, True,
+                      0.1, torch.bfloat16, torch.bfloat16)
+    w.plan(*args(d))
+    own = [t.data_ptr() for t in w._run_index]
+    small = _grow(2, 2, heads, page, 1, "cpu", max_kv=100)
+    w.plan(*args(small))
+    assert [t.data_ptr() for t in w._run_index] == own
+    out, lse = w.run(small["q_nope"], small["q_pe"], small["ckv"], small["kpe"], return_lse=True)
+    check(small, out, lse, 0.1, True, what="own buffers, smaller batch")
+    with pytest.raises(ValueError, match="qo_indptr: batch 5 exceeds the CUDA-graph capacity max_batch=4"):
+        w.plan(*args(_grow(3, 5, heads, page, 1, "cpu", max_kv=50)))
+    big = make_batch([300 * 16, 10, 10, 10], [1] * 4, 1, heads, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="kv_indices: .* exceed the CUDA-graph buffer"):
+        w.plan(big["qo_indptr"], big["kv_indptr"], big["kv_indices"], big["kv_len"], heads, 512, 64, 1, True, 0.1,
+               torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="qo_indptr: a request with 2 query tokens exceeds"):
+        w.plan(*args(_grow(4, 4, heads, page, 2, "cpu", max_kv=50)))
+    with pytest.raises(ValueError, match="num_heads"):
+        w.plan(*args(small)[:4], 32, 512, 64, page, True, 0.1, torch.bfloat16, torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_indptr: expected a buffer of at least max_batch\\+1=9"):
+        mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8), use_cuda_graph=True,
+                                              qo_indptr=torch.empty(9, dtype=torch.int32),
+                                              kv_indptr=torch.empty(8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="share one dtype"):
+        mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8), use_cuda_graph=True,
+                                              qo_indptr=torch.empty(9, dtype=torch.int32),
+                                              kv_len_arr=torch.empty(8, dtype=torch.int64))
+    with pytest.raises(TypeError, match="kv_indices"):
+        mlacore.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8), use_cuda_graph=True,
+                                              kv_indices=[1, 2])
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("given_buffers", [True, False])
+def test_gpu_graph_captured_once_replays_after_replans_with_new_tensors(heads, page_size, given_buffers):
+    """FlashInfer's CUDA-graph contract, as vLLM uses it: capture once, then every step plans with
+    newly allocated index tensors (other batch sizes and lengths) and replays the ORIGINAL graph; each
+    replay must equal a fresh eager run of the same step."""
+    dev = "cuda"
+    max_batch, qo, max_len = 24, 1 if heads == 128 else 2, 340
+    num_pages = max_batch * -(-max_len // page_size) + 8
+    g = torch.Generator().manual_seed(heads + page_size)
+    ckv_kpe = (torch.randn(num_pages, page_size, 576, generator=g) * 0.5).to(torch.bfloat16).to(dev)
+    ckv, kpe = torch.split(ckv_kpe, [512, 64], dim=-1)
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    bufs = {}
+    if given_buffers:
+        bufs = dict(qo_indptr=torch.empty(max_batch + 1, dtype=torch.int32, device=dev),
+                    kv_indptr=torch.empty(max_batch + 1, dtype=torch.int32, device=dev),
+                    kv_indices=torch.empty(num_pages, dtype=torch.int32, device=dev),
+                    kv_len_arr=torch.empty(max_batch, dtype=torch.int32, device=dev))
+    w = mlacore.BatchMLAPagedAttentionWrapper(ws, use_cuda_graph=True, **bufs)
+    eager = mlacore.BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev))
+    q_nope = torch.zeros(max_batch * qo, heads, 512, dtype=torch.bfloat16, device=dev)
+    q_pe = torch.zeros(max_batch * qo, heads, 64, dtype=torch.bfloat16, device=dev)
+    out = torch.empty_like(q_nope)
+    lse = torch.empty(max_batch * qo, heads, dtype=torch.float32, device=dev)
+
+    def step_inputs(step, batch):
+        # Fresh tensors each step, as vLLM allocates them; lengths within the shared cache.
+        gen = torch.Generator().manual_seed(1000 * step + batch)
+        lens = torch.randint(0, max_len + 1, (batch,), generator=gen)
+        lens[0] = 0 if step % 3 == 0 else int(lens[0])  # an empty request now and then
+        pages = (lens + page_size - 1) // page_size
+        kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+        kv_indptr[1:] = pages.cumsum(0)
+        kv_indices = torch.randperm(num_pages, generator=gen)[: int(kv_indptr[-1])].to(torch.int32)
+        # The graph always runs max_batch requests: the live batch padded with empty ones.
+        pad = max_batch - batch
+        qo_indptr = torch.arange(max_batch + 1, dtype=torch.int32) * qo
+        kv_indptr = torch.cat([kv_indptr, kv_indptr[-1:].repeat(pad)])
+        lens = torch.cat([lens, torch.zeros(pad, dtype=lens.dtype)]).to(torch.int32)
+        return [t.to(dev) for t in (qo_indptr, kv_indptr, kv_indices, lens)]
+
+    def plan(wr, idx):
+        wr.plan(*idx, heads, 512, 64, page_size, qo > 1, 0.1, torch.bfloat16, torch.bfloat16)
+
+    plan(w, step_inputs(0, max_batch))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse)
+
+    for step, batch in enumerate([max_batch, 5, 17, 1, 24, 9, 12, 3]):
+        idx = step_inputs(step + 1, batch)
+        gen = torch.Generator(device=dev).manual_seed(step)
+        q_nope.copy_(torch.randn(q_nope.shape, generator=gen, device=dev))
+        q_pe.copy_(torch.randn(q_pe.shape, generator=gen, device=dev))
+        plan(w, idx)
+        del idx  # the caller's tensors go away; the graph must not need them
+        torch.cuda.empty_cache()
+        junk = torch.full((1 << 16,), -7, dtype=torch.int32, device=dev)  # may reuse their memory
+        out.fill_(float("nan"))
+        graph.replay()
+        idx = step_inputs(step + 1, batch)  # the same step, fresh tensors, for the eager run
+        plan(eager, idx)
+        ref_o, ref_l = eager.run(q_nope, q_pe, ckv, kpe, return_lse=True)
+        torch.cuda.synchronize()
+        rows = batch * qo
+        assert torch.isfinite(out[:rows]).all(), f"step {step}: non-finite output"
+        torch.testing.assert_close(out[:rows], ref_o[:rows], atol=2e-2, rtol=2e-2, msg=f"step {step} batch {batch}")
+        fin = torch.isfinite(ref_l[:rows])
+        assert torch.equal(torch.isfinite(lse[:rows]), fin), f"step {step}: LSE finiteness"
+        torch.testing.assert_close(lse[:rows][fin], ref_l[:rows][fin], atol=2e-3, rtol=1e-3)
+        del junk
 
 
 # --- GPU -------------------------------------------------------------------
@@ -545,12 +823,9 @@ def test_gpu_cuda_graph_capture_and_replay_with_new_data():
               q_nope=qn, q_pe=qp)
     w.plan(d["qo_indptr"], kv_indptr, d2["kv_indices"], new_len, 16, 512, 64, 64, False, 0.1, torch.bfloat16,
            torch.bfloat16)
-    # The graph captured the first plan's index tensors; FlashInfer semantics: replans
-    # under CUDA graphs copy into those buffers. Copy ours in place to match.
-    g2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g2):
-        w.run(qn, qp, d["ckv"], d["kpe"], out=out, lse=lse)
-    g2.replay()
+    # FlashInfer's contract: the replan copied into the wrapper's buffers, so the ORIGINAL graph
+    # replays the new schedule.
+    g.replay()
     torch.cuda.synchronize()
     check(d2, out, lse, 0.1, False, atol=2e-2, lse_atol=2e-2, what="graph after device replan")
 

@@ -28,8 +28,9 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work):
-    """The schedule of plan_builder.h, written again from its description."""
+def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0):
+    """The schedule of plan_builder.h, written again from its description (with the workspace's
+    partial budget of MlaPlan.set_partial_budget when partial_rows > 0)."""
     B = len(kv_len)
     shapes = []
     for b in range(B):
@@ -48,10 +49,16 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
 
     # Bounds: capacity (items within max_work) and balance (the batch's cost over the SMs).
     spare = max_work - B
-    if spare <= 0:
+    # The budget: `fit` partials of max(partial_qo_len, max_qo_len) * heads rows; the partials of a
+    # chunk c stay below 2 * sum_kt / c, so c >= 2 * sum_kt / fit keeps them within it.
+    floor = 0
+    if partial_rows > 0:
+        fit = partial_rows // (max(partial_qo_len, max([s["qo_len"] for s in shapes], default=0), 1) * num_heads)
+        floor = 0 if fit >= max_work else (-1 if fit < 2 else cdiv(2 * sum_kt, fit))
+    if spare <= 0 or floor < 0:
         balance = cap = no_split
     else:
-        cap = min(max(cdiv(sum_kt, spare), 1), no_split)
+        cap = min(max(cdiv(sum_kt, spare), 1, floor), no_split)
         balance = min(max(cdiv(cost, num_sms), cap), no_split)
     chunk = no_split
     if balance < no_split:
@@ -160,6 +167,63 @@ def test_cpu_plan_matches_reference_and_invariants(B, page_size, heads, max_qo, 
     info = plan.info
     assert info.max_qo_len == max(q1 - q0 for q0, q1 in zip(qo, qo[1:]))
     assert info.max_kv_len == max(kv_len) and info.total_qo == qo[-1] and info.error == 0
+
+
+BUDGET_CASES = [
+    # B, page_size, heads, max_qo, num_sms, max_kv, partial_rows, partial_qo_len
+    (1, 64, 128, 1, 132, 65536, 128 * 40, 0),     # one long request: 40 partials' room
+    (1, 64, 128, 4, 132, 65536, 512 * 5, 0),      # 5 partials of 4 x 128 rows
+    (1, 64, 128, 4, 132, 65536, 512 * 5, 8),      # a graph capacity of 8 query tokens: 2 fit
+    (3, 16, 16, 4, 8, 5000, 16 * 4 * 3, 0),       # 3 fit
+    (7, 64, 16, 1, 132, 70000, 16 * 1, 0),        # 1 fits: nothing splits
+    (7, 64, 16, 1, 132, 70000, 16 * 139, 0),      # max_work fit: never binds
+    (32, 1, 16, 2, 132, 4096, 32 * 50, 3),
+    (157, 16, 16, 17, 132, 1024, 65408, 0),       # 128 MiB of rows, FlashInfer's largest test shape
+    (512, 1, 128, 4, 132, 8192, 65408, 0),
+]
+
+
+@pytest.mark.parametrize("B,page_size,heads,max_qo,num_sms,max_kv,rows,qo_floor", BUDGET_CASES)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_cpu_partial_budget_caps_the_partials_and_matches_the_reference(B, page_size, heads, max_qo, num_sms, max_kv,
+                                                                        rows, qo_floor, dtype):
+    rng = random.Random(B * 77 + rows)
+    qo, kv, kv_len = random_batch(rng, B, page_size, max_qo, max_kv, empty_rate=0.0 if B == 1 else 0.1)
+    plan = mlacore.MlaPlan("cpu", max_batch=B + 2, num_sms=num_sms)
+    plan.set_partial_budget(rows, qo_floor)
+    plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
+    want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work, rows, qo_floor)
+    assert plan.metadata.tolist() == want
+    check_invariants(plan, kv_len, page_size)
+    qo_rows = max(qo_floor, max(q1 - q0 for q0, q1 in zip(qo, qo[1:])), 1) * heads
+    assert plan.info.num_partials <= rows // qo_rows
+    # The budget is the only change: without it the same batch may split more.
+    plan.set_partial_budget(0)
+    plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
+    assert plan.metadata.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
+                                               plan.max_work)
+
+
+def test_partial_budget_binds_and_its_errors():
+    # One 64k-token request at 128 heads splits into many parts; a 3-partial budget keeps it to 3 or fewer.
+    qo, kv, kv_len = [0, 1], [0, 1024], [65536]
+    plan = mlacore.MlaPlan("cpu", max_batch=1, num_sms=132)
+    plan.build(*tensors(qo, kv, kv_len), 64, 128)
+    assert plan.info.num_partials > 3
+    plan.set_partial_budget(3 * 128)
+    plan.build(*tensors(qo, kv, kv_len), 64, 128)
+    assert 2 <= plan.info.num_partials <= 3
+    plan.set_partial_budget(128)  # one partial fits: no split
+    plan.build(*tensors(qo, kv, kv_len), 64, 128)
+    assert plan.info.num_partials == 0 and plan.info.num_work == 1
+    with pytest.raises(ValueError, match="partial_rows"):
+        plan.set_partial_budget(-1)
+    with pytest.raises(ValueError, match="partial_qo_len"):
+        plan.set_partial_budget(10, -2)
+    # The sizing policy of the C ABI: 512 fp32 + LSE per row.
+    assert _mlacore.mla_decode_workspace_rows(128 << 20) == (128 << 20) // 2052
+    assert _mlacore.mla_decode_workspace_partials(128 << 20, 4, 128) == (128 << 20) // 2052 // 512
+    assert _mlacore.mla_decode_workspace_rows(-1) == -1
 
 
 @pytest.mark.parametrize("max_work_extra", [0, 1, 3, 10])
@@ -711,6 +775,26 @@ def test_gpu_build_device_equals_host_build_bitwise(B, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("B,rows,qo_floor", [(1, 16 * 4 * 5, 0), (3, 16 * 4 * 2, 4), (33, 16 * 4 * 40, 0),
+                                             (257, 65408, 0), (1000, 16 * 4 * 7, 8)])
+def test_gpu_partial_budget_is_bitwise_equal_on_host_exchange_and_device_builds(B, rows, qo_floor):
+    plan = mlacore.MlaPlan("cuda", max_batch=1024)
+    ref = mlacore.MlaPlan("cpu", max_batch=1024, num_sms=plan.num_sms)
+    for p in (plan, ref):
+        p.set_partial_budget(rows, qo_floor)
+    for seed in range(3):
+        raw, dev = _cuda_batch(seed + B, B, page_size=16, max_qo=4)
+        ref.build(*tensors(*raw), 16, 16)
+        plan.metadata.fill_(-777)
+        plan.build_device(*dev, 16, 16)
+        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        plan.metadata.fill_(-777)
+        plan.build(*dev, 16, 16)  # the exchange kernel's narrow path
+        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        assert plan.info == ref.info
+
+
+@requires_cuda
 def test_gpu_build_device_does_not_synchronize():
     plan = mlacore.MlaPlan("cuda", max_batch=16)
     _, dev = _cuda_batch(0, 16)
@@ -829,3 +913,30 @@ def test_gpu_blocking_launches_still_exchange():
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def test_128_mib_serves_uniform_engine_shapes_without_capping():
+    # Engines give 128 MiB. At heads 16-128, batch 1-512, 1-4 query tokens and uniform lengths the
+    # budget never changes the schedule (132 SMs); it binds only for skewed batches, which it keeps in.
+    rows = _mlacore.mla_decode_workspace_rows(128 << 20)
+    for heads in (16, 128):
+        for B in (1, 4, 32, 128, 512):
+            for qo_len in (1, 2, 4):
+                for L in (1024, 65536):
+                    qo, kv, kv_len = tensors([q * qo_len for q in range(B + 1)], [b * L for b in range(B + 1)],
+                                             [L] * B)
+                    plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
+                    plan.build(qo, kv, kv_len, 1, heads)
+                    free = plan.metadata.clone()
+                    plan.set_partial_budget(rows)
+                    plan.build(qo, kv, kv_len, 1, heads)
+                    assert torch.equal(plan.metadata, free), (heads, B, qo_len, L)
+                    assert plan.info.num_partials * qo_len * heads * 2052 <= 128 << 20
+    # Skewed: one long request among short ones at 128 heads x 4 tokens: capped, and within 128 MiB.
+    B = 512
+    lens = [65536] + [64] * (B - 1)
+    qo, kv, kv_len = tensors([q * 4 for q in range(B + 1)], [0] + list(torch.tensor(lens).cumsum(0).tolist()), lens)
+    plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
+    plan.set_partial_budget(rows)
+    plan.build(qo, kv, kv_len, 1, 128)
+    assert plan.info.num_partials * 4 * 128 * 2052 <= 128 << 20

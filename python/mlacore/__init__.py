@@ -7,11 +7,12 @@ package allocates outputs, registers torch custom ops and shapes the API.
 from . import _mlacore
 from ._append import append_paged_kv_cache, append_paged_mla_kv_cache
 from ._backends import backends
-from ._decode import BatchMLAPagedAttentionWrapper
+from ._decode import BatchMLAPagedAttentionWrapper, workspace_bytes
 from ._kv_layout import combined_kv_view, explain_kv_layout
 from ._paths import get_cmake_dir, get_include, get_library_dir, get_pkgconfig_dir
 from ._plan import MlaPlan, PlanInfo, default_max_work, plan_metadata_size
-from ._slot_mapping import get_batch_indices_positions, page_indices_from_block_table, slot_mapping
+from ._slot_mapping import get_batch_indices_positions, get_seq_lens, page_indices_from_block_table, slot_mapping
+from . import mla, page  # FlashInfer's module paths: flashinfer.mla / flashinfer.page
 
 __version__ = _mlacore.version()
 
@@ -32,6 +33,7 @@ __all__ = [
     "default_max_work",
     "plan_metadata_size",
     "BatchMLAPagedAttentionWrapper",
+    "workspace_bytes",
     "get_include",
     "get_library_dir",
     "get_pkgconfig_dir",
@@ -41,4 +43,7 @@ __all__ = [
     "slot_mapping",
     "page_indices_from_block_table",
     "get_batch_indices_positions",
+    "get_seq_lens",
+    "mla",
+    "page",
 ]

@@ -103,6 +103,13 @@ class MlaPlan:
         self._plan.build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.metadata)
         return self.metadata
 
+    def set_partial_budget(self, partial_rows: int, partial_qo_len: int = 0) -> None:
+        """Caps later builds' partial outputs to a workspace of `partial_rows` fp32 rows (512 values +
+        LSE; `_mlacore.mla_decode_workspace_rows(bytes)`), each partial taking max(partial_qo_len,
+        the batch's max_qo_len) * num_heads rows: fewer splits, or none when fewer than two fit.
+        0 removes the budget. Host and device builds stay bit-identical."""
+        self._plan.set_partial_budget(int(partial_rows), int(partial_qo_len))
+
     @property
     def info(self) -> PlanInfo:
         """The last build's summary. After build_device it is read from the device header (a sync)."""

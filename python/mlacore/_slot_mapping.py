@@ -133,8 +133,30 @@ def _(append_indptr, seq_lens, nnz):
             append_indptr.new_empty((nnz,), dtype=torch.int32))
 
 
-def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
-                                nnz: int) -> Tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("mlacore::get_batch_indices_positions_out", mutates_args=("batch_indices", "positions"))
+def _batch_positions_out_op(append_indptr: torch.Tensor, seq_lens: torch.Tensor, batch_indices: torch.Tensor,
+                            positions: torch.Tensor) -> None:
+    _mlacore.batch_indices_positions(append_indptr, seq_lens, batch_indices, positions)
+
+
+@_batch_positions_out_op.register_fake
+def _(append_indptr, seq_lens, batch_indices, positions):
+    return None
+
+
+def _check_out(t, name, nnz, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
+    if t.dim() != 1 or t.dtype != torch.int32 or t.numel() < nnz:
+        raise ValueError(f"{name}: expected a 1-D int32 tensor of at least nnz={nnz} entries, got {t.dtype} of "
+                         f"shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (append_indptr's device), got {t.device}")
+
+
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
+                                batch_indices: Optional[torch.Tensor] = None,
+                                positions: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Request index and absolute position (int32 [nnz] each) of every appended token.
 
     FlashInfer semantics: seq_lens include the appended tokens, so token j of
@@ -142,7 +164,42 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     nnz is the caller's (no sync to read append_indptr[-1]); tokens that no
     request covers get -1 in both outputs, and so does the position of a
     request whose seq_len is smaller than its appended count.
+    `batch_indices` and `positions`, when given (FlashInfer's output buffers:
+    1-D int32, at least nnz entries, on append_indptr's device), receive the
+    results in their first nnz entries and are returned; no allocation then,
+    so the call can be captured in a CUDA graph.
     """
-    if torch.compiler.is_compiling():
-        return _batch_positions_op(append_indptr, seq_lens, nnz)
-    return _batch_positions_impl(append_indptr, seq_lens, nnz)
+    if batch_indices is None and positions is None:
+        if torch.compiler.is_compiling():
+            return _batch_positions_op(append_indptr, seq_lens, nnz)
+        return _batch_positions_impl(append_indptr, seq_lens, nnz)
+    if not isinstance(append_indptr, torch.Tensor):
+        raise TypeError(f"append_indptr: expected a tensor, got {type(append_indptr).__name__}")
+    _check_int(nnz, "nnz", 0)
+    device = append_indptr.device
+    if batch_indices is None:
+        batch_indices = torch.empty(nnz, dtype=torch.int32, device=device)
+    if positions is None:
+        positions = torch.empty(nnz, dtype=torch.int32, device=device)
+    _check_out(batch_indices, "batch_indices", nnz, device)
+    _check_out(positions, "positions", nnz, device)
+    op = _batch_positions_out_op if torch.compiler.is_compiling() else _mlacore.batch_indices_positions
+    op(append_indptr, seq_lens, batch_indices[:nnz], positions[:nnz])
+    return batch_indices, positions
+
+
+def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """FlashInfer's get_seq_lens: tokens per request of a paged cache,
+    max(pages - 1, 0) * page_size + kv_last_page_len (a request without pages
+    counts its kv_last_page_len alone). Same dtype and device as the inputs."""
+    for name, t in (("kv_indptr", kv_indptr), ("kv_last_page_len", kv_last_page_len)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(t.shape)}")
+    if kv_indptr.numel() != kv_last_page_len.numel() + 1:
+        raise ValueError(f"kv_indptr: expected batch+1={kv_last_page_len.numel() + 1} entries (kv_last_page_len has "
+                         f"batch={kv_last_page_len.numel()}), got {kv_indptr.numel()}")
+    _check_int(page_size, "page_size", 1)
+    pages = kv_indptr[1:] - kv_indptr[:-1]
+    return torch.clamp(pages - 1, min=0) * page_size + kv_last_page_len

@@ -20,9 +20,10 @@ typedef struct mlacore_decode_dims {
   int64_t max_batch;  /* ScheduleLayout::max_batch of `metadata` */
   int64_t max_work;   /* ScheduleLayout::max_work */
   int64_t max_qo_len; /* largest qo_len of any request this schedule may hold */
-  /* Partial outputs the workspace holds, 1..max_work: the plan's partial count
-   * for one schedule, or max_work when the schedule may change under a CUDA
-   * graph. A work item whose partial index is past it writes nothing. */
+  /* Partial outputs the workspace holds, 0..max_work: the plan's partial count
+   * for one schedule, or what the workspace holds when the schedule may change
+   * under a CUDA graph (mlacore_mla_decode_workspace_partials). A work item
+   * whose partial index is past it writes nothing. */
   int64_t max_partials;
 } mlacore_decode_dims;
 
@@ -32,6 +33,16 @@ typedef struct mlacore_decode_dims {
 
 /* Bytes of `workspace` a decode with these capacities and head count needs. */
 MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads);
+
+/* The workspace sizing policy, shared by every caller. A workspace of
+ * `workspace_bytes` holds mlacore_mla_decode_workspace_rows() fp32 partial
+ * rows (512 values + LSE each): give that to mlacore_plan_set_partial_budget
+ * and schedules never need more. A decode with max_qo_len and num_heads then
+ * holds mlacore_mla_decode_workspace_partials() partials (dims.max_partials,
+ * clamped to max_work). -1 for negative arguments. */
+MLACORE_API int64_t mlacore_mla_decode_workspace_rows(int64_t workspace_bytes);
+MLACORE_API int64_t mlacore_mla_decode_workspace_partials(int64_t workspace_bytes, int64_t max_qo_len,
+                                                          int64_t num_heads);
 
 /* out[i, h, :] = softmax(sm_scale * q[i, h] . k) v over the request's KV, where
  * k = [ckv | kpe] (576) and v = ckv (512) of each token.

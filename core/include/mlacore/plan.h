@@ -100,6 +100,19 @@ MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const D
                                                      int32_t page_size, int32_t num_heads,
                                                      const DLTensor* metadata, void* stream);
 
+/* The workspace cap on partial outputs, applied by every later build (both
+ * kinds, bit-identical between them): the decode's workspace holds
+ * `partial_rows` fp32 rows (512 values + LSE: see
+ * mlacore_mla_decode_workspace_rows), and each partial takes
+ * max(partial_qo_len, the batch's max_qo_len) * num_heads of them. Builds
+ * choose a chunk that keeps the partials within the budget (fewer splits, or
+ * none when fewer than two fit) instead of failing. partial_qo_len is the
+ * max_qo_len the decode will be given (the CUDA-graph capacity; 0 for one
+ * schedule, whose own max_qo_len counts). partial_rows = 0 (the default)
+ * removes the budget; a budget of max_work partials or more never binds. */
+MLACORE_API mlacore_status mlacore_plan_set_partial_budget(mlacore_plan* plan, int64_t partial_rows,
+                                                           int64_t partial_qo_len);
+
 MLACORE_API mlacore_status mlacore_plan_capacity(const mlacore_plan* plan, int64_t* max_batch, int64_t* max_work,
                                                  int32_t* num_sms);
 /* The last successful build's summary (after a device-input build, the first

@@ -339,8 +339,8 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   if (dims.max_batch < 1 || dims.max_work < 1 || dims.max_qo_len < 1)
     value_error("dims: expected max_batch, max_work and max_qo_len >= 1, got ", dims.max_batch, ", ", dims.max_work,
                 ", ", dims.max_qo_len);
-  if (dims.max_partials < 1 || dims.max_partials > dims.max_work)
-    value_error("dims: expected max_partials in [1, max_work=", dims.max_work, "], got ", dims.max_partials);
+  if (dims.max_partials < 0 || dims.max_partials > dims.max_work)
+    value_error("dims: expected max_partials in [0, max_work=", dims.max_work, "], got ", dims.max_partials);
   const int64_t md_len = ScheduleLayout{dims.max_batch, dims.max_work}.total();
   md.expect_index_vector(md_len, "ScheduleLayout{max_batch, max_work}.total()");
   md.expect_dtype({DType::I32});
@@ -440,6 +440,18 @@ MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims,
   // because the output block is a multiple of 512 floats.
   return dims.max_partials * mlacore::decode_partial_rows(dims.max_qo_len, num_heads) * (mlacore::kCkvDim + 1) *
          static_cast<int64_t>(sizeof(float));
+}
+
+MLACORE_API int64_t mlacore_mla_decode_workspace_rows(int64_t workspace_bytes) {
+  if (workspace_bytes < 0) return -1;
+  return workspace_bytes / ((mlacore::kCkvDim + 1) * static_cast<int64_t>(sizeof(float)));
+}
+
+MLACORE_API int64_t mlacore_mla_decode_workspace_partials(int64_t workspace_bytes, int64_t max_qo_len,
+                                                          int64_t num_heads) {
+  if (workspace_bytes < 0 || max_qo_len < 0 || num_heads < 0) return -1;
+  const int64_t rows = mlacore::decode_partial_rows(max_qo_len > 0 ? max_qo_len : 1, num_heads > 0 ? num_heads : 1);
+  return mlacore_mla_decode_workspace_rows(workspace_bytes) / rows;
 }
 
 MLACORE_API mlacore_status mlacore_mla_decode(

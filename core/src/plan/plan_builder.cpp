@@ -184,7 +184,7 @@ int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout,
                          const RequestTiles* tiles) {
   const int64_t B = in.batch;
   const int64_t no_split = t.no_split_tiles();
-  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work, partial_chunk_floor(t, in, layout.max_work));
   if (splits_nothing(cb, t)) return no_split;
   const CandidateChunks chunks = candidate_chunks(cb, no_split);
   const int64_t* chunk_of = chunks.tiles;
@@ -333,7 +333,17 @@ ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg
   in.page_size = page_size;
   in.num_heads = num_heads;
   in.num_sms = num_sms_;
+  in.partial_rows = partial_rows_;
+  in.partial_qo_len = partial_qo_len_;
   return in;
+}
+
+void PlanBuilder::set_partial_budget(int64_t partial_rows, int64_t partial_qo_len) {
+  if (partial_rows < 0) value_error("partial_rows: expected >= 0 (0: no budget), got ", partial_rows);
+  if (partial_qo_len < 0 || partial_qo_len > kMaxInt32)
+    value_error("partial_qo_len: expected 0 <= partial_qo_len <= 2^31-1, got ", partial_qo_len);
+  partial_rows_ = partial_rows;
+  partial_qo_len_ = partial_qo_len;
 }
 
 void PlanBuilder::record_info(const int32_t* meta) {
@@ -554,6 +564,14 @@ MLACORE_API mlacore_status mlacore_plan_capacity(const mlacore_plan* plan, int64
     if (max_batch) *max_batch = plan->layout().max_batch;
     if (max_work) *max_work = plan->layout().max_work;
     if (num_sms) *num_sms = static_cast<int32_t>(plan->num_sms());
+  });
+}
+
+MLACORE_API mlacore_status mlacore_plan_set_partial_budget(mlacore_plan* plan, int64_t partial_rows,
+                                                           int64_t partial_qo_len) {
+  return mlacore::guarded([&] {
+    require_plan(plan);
+    plan->set_partial_budget(partial_rows, partial_qo_len);
   });
 }
 

@@ -425,11 +425,14 @@ __device__ __forceinline__ ChunkCounts chunk_narrow(const ScheduleInputs& in, co
                                                    const Reducer& reduce, uint64_t sms_magic, uint64_t spare_magic) {
   const uint32_t no_split = static_cast<uint32_t>(t.no_split_tiles());
   const int64_t spare64 = layout.max_work - t.valid;
-  if (spare64 <= 0) return {no_split, in.batch, 0};  // chunk_bounds(): {no_split, no_split}
+  const int64_t floor = partial_chunk_floor(t, in, layout.max_work);
+  if (spare64 <= 0 || floor < 0) return {no_split, in.batch, 0};  // chunk_bounds(): {no_split, no_split}
   // An accepted batch's requests are all valid: spare is the host's max_work - batch.
   const uint32_t cap_raw = ceil_by_magic(static_cast<uint32_t>(t.kv_tiles), spare_magic);
   const uint32_t bal_raw = ceil_by_magic(static_cast<uint32_t>(t.cost), sms_magic);
-  const uint32_t cap = cap_raw < 1u ? 1u : cap_raw;
+  // floor < kv_tiles < 2^31 (2 kv_tiles / fit with fit >= 2).
+  const uint32_t cap_items = cap_raw < 1u ? 1u : cap_raw;
+  const uint32_t cap = cap_items < static_cast<uint32_t>(floor) ? static_cast<uint32_t>(floor) : cap_items;
   const uint32_t bal = bal_raw < cap ? cap : bal_raw;
   const uint32_t balance = bal < no_split ? bal : no_split, capacity = cap < no_split ? cap : no_split;
   if (balance >= no_split) return {no_split, in.batch, 0};  // splits_nothing()
@@ -486,7 +489,7 @@ __device__ __forceinline__ ChunkCounts chunk_wide(const ScheduleInputs& in, cons
                                                const ScheduleTotals& t, const Share& share, const Reducer& reduce2) {
   const int64_t tid = threadIdx.x;
   const int64_t no_split = t.no_split_tiles();
-  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work);
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, layout.max_work, partial_chunk_floor(t, in, layout.max_work));
   if (splits_nothing(cb, t)) return {no_split, in.batch, 0};
   const CandidateChunks chunks = candidate_chunks(cb, no_split);
   // The capacity bound keeps every candidate's items, and so its partials,

@@ -77,6 +77,12 @@ struct ScheduleInputs {
   int64_t page_size = 1;
   int64_t num_heads = 1;
   int64_t num_sms = 1;
+  // The workspace's budget for partial outputs, a cap separate from the
+  // balance: partial_rows > 0 holds that many fp32 rows (512 values + LSE),
+  // a partial takes max(partial_qo_len, the batch's max_qo_len) * num_heads
+  // of them. 0: no budget (the partials are bounded by max_work alone).
+  int64_t partial_rows = 0;
+  int64_t partial_qo_len = 0;
 };
 
 // What one request contributes; error != 0 means it is skipped.
@@ -218,12 +224,32 @@ struct ChunkBounds {
   int64_t capacity;
 };
 
-MLACORE_HD ChunkBounds chunk_bounds(const ScheduleTotals& t, int64_t num_sms, int64_t max_work) {
+// The workspace cap (ScheduleInputs::partial_rows): the smallest chunk (in
+// tiles) whose partials fit `fit` = partial_rows / (qo_len * num_heads) of
+// them, 0 when the budget does not bind, -1 when not even two fit (nothing
+// may split). A split request has n = ceil(kv_tiles / c) >= 2 items with
+// (n - 1) * c < kv_tiles, so n <= 2 (n - 1) < 2 kv_tiles / c: the partials
+// total less than 2 * sum kv_tiles / c, at most `fit` for c >= 2 * sum
+// kv_tiles / fit. A budget of max_work or more partials never binds (the
+// partials are at most the work items), so the schedule is then the uncapped one.
+MLACORE_HD int64_t partial_chunk_floor(const ScheduleTotals& t, const ScheduleInputs& in, int64_t max_work) {
+  if (in.partial_rows <= 0) return 0;
+  int64_t qo = t.max_qo_len > in.partial_qo_len ? t.max_qo_len : in.partial_qo_len;
+  if (qo < 1) qo = 1;
+  const int64_t fit = in.partial_rows / (qo * in.num_heads);
+  if (fit >= max_work) return 0;
+  if (fit < 2) return -1;
+  return ceil_div(2 * t.kv_tiles, fit);
+}
+
+// `floor` is partial_chunk_floor(): raised into the capacity bound, or -1: no split.
+MLACORE_HD ChunkBounds chunk_bounds(const ScheduleTotals& t, int64_t num_sms, int64_t max_work, int64_t floor) {
   const int64_t no_split = t.no_split_tiles();
   const int64_t spare = max_work - t.valid;
-  if (spare <= 0) return {no_split, no_split};
+  if (spare <= 0 || floor < 0) return {no_split, no_split};
   int64_t cap = ceil_div(t.kv_tiles, spare);
   if (cap < 1) cap = 1;
+  if (cap < floor) cap = floor;
   int64_t c = ceil_div(t.cost, num_sms);
   if (c < cap) c = cap;
   return {c < no_split ? c : no_split, cap < no_split ? cap : no_split};
@@ -330,7 +356,7 @@ template <class Exec>
 MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in, bool starts_ok,
                                         const ScheduleTotals& t, int64_t max_work) {
   const int64_t no_split = t.no_split_tiles();
-  const ChunkBounds cb = chunk_bounds(t, in.num_sms, max_work);
+  const ChunkBounds cb = chunk_bounds(t, in.num_sms, max_work, partial_chunk_floor(t, in, max_work));
   if (splits_nothing(cb, t)) return no_split;
   const CandidateChunks chunks = candidate_chunks(cb, no_split);
   CandidateCtas cand;
@@ -509,6 +535,8 @@ class PlanBuilder {
   // one waits for them (exchange_counts()).
   const PlanInfo& info() const;
   const PlanStats& stats() const { return stats_; }
+  // The workspace's partial budget for later builds (ScheduleInputs::partial_rows).
+  void set_partial_budget(int64_t partial_rows, int64_t partial_qo_len);
 
  private:
   ScheduleInputs check_inputs(const Arg& qo, const Arg& kv, const Arg& len, const Arg& meta, int64_t page_size,
@@ -517,6 +545,7 @@ class PlanBuilder {
 
   ScheduleLayout layout_;
   int64_t num_sms_;
+  int64_t partial_rows_ = 0, partial_qo_len_ = 0;
   // Mutable: info() completes it with the counts of the exchange counts_seq_
   // names (0: none pending).
   mutable PlanInfo info_;
