@@ -1063,13 +1063,13 @@ void launch_gpu(const Job& job, int device, void* stream) {
 
   gpu::DeviceGuard guard(device);
   const Choice choice = kernel_choice();
-  const gpuStream_t rs = gpu::as_stream(stream);
+  const gpuStream_t s = gpu::as_stream(stream);
   dim3 grid;
   if (job.by_slot) {
     if (!rows_shape(p, grid)) value_error("concat_and_cache_mla: ", p.nnz, " tokens are more than one launch moves");
     if (!is_flat(p)) runtime_error("concat_and_cache_mla: rows are not one run per source (a dispatch bug)");
-    if (job.slot_map.slots.is64) launch_rows_slots<int64_t>(job, p, width, grid, rs);
-    else launch_rows_slots<int32_t>(job, p, width, grid, rs);
+    if (job.slot_map.slots.is64) launch_rows_slots<int64_t>(job, p, width, grid, s);
+    else launch_rows_slots<int32_t>(job, p, width, grid, s);
     return;
   }
   // One lean launch for the appends of a decode step (see append_rows_kernel);
@@ -1079,14 +1079,13 @@ void launch_gpu(const Job& job, int device, void* stream) {
   const bool rows_fit = width == 16 && job.batch.is64 == job.pos.is64;
   if (rows_fit && (choice == Choice::Rows || (choice == Choice::Auto && p.nnz <= kRowsMaxBytes / row_bytes)) &&
       rows_shape(p, grid)) {
-    if (job.table64) launch_rows_table(job.t64, job, p, grid, rs);
-    else launch_rows_table(job.t32, job, p, grid, rs);
+    if (job.table64) launch_rows_table(job.t64, job, p, grid, s);
+    else launch_rows_table(job.t32, job, p, grid, s);
     return;
   }
 #if defined(MLACORE_GPU_CUDA)
   if (width == 16 && choice != Choice::Classic) {
-    const gpuStream_t fs = gpu::as_stream(stream);
-    if (job.table64 ? launch_fast(job.t64, job, p, device, fs) : launch_fast(job.t32, job, p, device, fs)) return;
+    if (job.table64 ? launch_fast(job.t64, job, p, device, s) : launch_fast(job.t32, job, p, device, s)) return;
   }
 #endif
   // Persistent grid: the blocks that are resident at once, each with an equal
@@ -1103,7 +1102,6 @@ void launch_gpu(const Job& job, int device, void* stream) {
   const unsigned blocks = static_cast<unsigned>(wanted < cap ? wanted : cap);
   p.share_q = p.nnz / blocks;
   p.share_r = static_cast<uint32_t>(p.nnz % blocks);
-  const gpuStream_t s = gpu::as_stream(stream);
   if (job.table64) launch_width(job.t64, p, width, blocks, s);
   else launch_width(job.t32, p, width, blocks, s);
   gpu::check_launch("append_kernel");
