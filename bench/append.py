@@ -1,14 +1,24 @@
-"""Paged append bandwidth against torch copy_ of the same bytes, and host time
-per call next to torch.add_.
+"""Paged append time against torch copy_ of the same bytes, FlashInfer, and the
+scatter ceiling; host time per call next to torch.add_.
 
 MLA: append_ckv [nnz, 512] and append_kpe [nnz, 64] (the two halves of one
 [nnz, 576] source) into the halves of one [P, S, 576] cache (--separate:
 two separate caches). MHA: K and V [nnz, 8, 128] into a (K, V) NHD cache.
-Both bf16. Pages are a random permutation of the pool, so page size 1 means
-every token lands somewhere else. Bandwidth counts the bytes read plus the
-bytes written; the baseline copies the same number of bytes contiguously.
-Bars (H200, nnz 65536 and 262144): MLA >= 0.90x, MHA >= 0.92x of copy_;
-host time at nnz=32 <= 1.3x torch.add_.
+concat_and_cache_mla: the same MLA rows into one [P, S, 576] cache through a
+slot mapping. All bf16. Two page orders: "scrambled" (a random permutation of
+the pool, so page size 1 puts every token somewhere else) and "allocator"
+(pages in the order an allocator hands them out: consecutive, with one in
+eight taken from elsewhere in the pool, as reused pages are).
+
+Columns: x copy_ = copy_ time / append time (copy_ moves the same bytes
+contiguously); x ceiling = scatter-ceiling time / append time, where the
+ceiling writes the same rows to host-precomputed slots with torch ops (no
+page-table lookup; index_copy_ and index_put_ on 16-byte elements, the faster
+of the two); x flashinfer = FlashInfer time / append time.
+Bars (H200): nnz <= 1024: x flashinfer >= 1 and x copy_ >= 0.8 (append <=
+1.25x copy_), MLA and MHA, pages 1/16/64; nnz >= 65536: x ceiling >= 0.97,
+MLA and MHA, and MLA x flashinfer >= 1.6; host time at nnz=32 <= 1.3x
+torch.add_.
 """
 
 import torch
@@ -19,6 +29,7 @@ from ._report import Table
 from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call
 
 HEADS, HEAD_DIM = 8, 128
+ORDERS = ("scrambled", "allocator")
 
 
 def _flashinfer():
@@ -30,10 +41,19 @@ def _flashinfer():
         return None
 
 
-class Problem:
-    """Page table and tensors for one (nnz, page_size) point."""
+def _page_order(pages, order, gen):
+    if order == "scrambled":
+        return torch.randperm(pages, generator=gen)
+    ids = torch.arange(pages)
+    moved = torch.nonzero(torch.rand(pages, generator=gen) < 0.125).flatten()
+    ids[moved] = ids[moved[torch.randperm(moved.numel(), generator=gen)]]
+    return ids
 
-    def __init__(self, nnz, page_size, device, separate, gen):
+
+class Problem:
+    """Page table, slots and tensors for one (nnz, page_size, page order) point."""
+
+    def __init__(self, nnz, page_size, device, separate, gen, order="scrambled"):
         batch = max(min(nnz // 16, 64), 1)
         per = [nnz // batch + (1 if b < nnz % batch else 0) for b in range(batch)]
         need = [(n + page_size - 1) // page_size for n in per]
@@ -41,7 +61,7 @@ class Problem:
         indptr = torch.zeros(batch + 1, dtype=torch.int32)
         indptr[1:] = torch.tensor(need).cumsum(0)
         self.kv_indptr = indptr.to(device)
-        self.kv_indices = torch.randperm(self.pages, generator=gen).to(torch.int32).to(device)
+        self.kv_indices = _page_order(self.pages, order, gen).to(torch.int32).to(device)
         self.kv_last_page_len = torch.tensor([(n - 1) % page_size + 1 for n in per], dtype=torch.int32).to(device)
         self.batch_indices = torch.repeat_interleave(torch.arange(batch, dtype=torch.int32),
                                                      torch.tensor(per)).to(device)
@@ -51,6 +71,8 @@ class Problem:
         self.device = device
         self.separate = separate
         self.gen = gen
+        page, off = self.slots()
+        self.slot_mapping = (page * page_size + off).to(torch.int64)  # precomputed on the host side of the bench
 
     def index_args(self):
         return (self.batch_indices, self.positions)
@@ -65,15 +87,16 @@ class Problem:
         return page, self.positions.long() % self.page_size
 
     def mla(self):
+        """(source [nnz, 576], ckv, kpe, whole cache or None when separate)."""
         d = self.device
         src = torch.randn(self.nnz, 576, generator=self.gen).to(torch.bfloat16).to(d)
         if self.separate:
             ckv = torch.zeros(self.pages, self.page_size, 512, dtype=torch.bfloat16, device=d)
             kpe = torch.zeros(self.pages, self.page_size, 64, dtype=torch.bfloat16, device=d)
-        else:
-            buf = torch.zeros(self.pages, self.page_size, 576, dtype=torch.bfloat16, device=d)
-            ckv, kpe = torch.split(buf, [512, 64], -1)
-        return src[:, :512], src[:, 512:], ckv, kpe
+            return src, ckv, kpe, None
+        buf = torch.zeros(self.pages, self.page_size, 576, dtype=torch.bfloat16, device=d)
+        ckv, kpe = torch.split(buf, [512, 64], -1)
+        return src, ckv, kpe, buf
 
     def mha(self):
         d = self.device
@@ -82,6 +105,39 @@ class Problem:
         value = torch.randn(self.nnz, HEADS, HEAD_DIM, generator=self.gen).to(torch.bfloat16).to(d)
         cache = (torch.zeros(shape, dtype=torch.bfloat16, device=d), torch.zeros(shape, dtype=torch.bfloat16, device=d))
         return key, value, cache
+
+
+def _rows16(t, width):
+    """t as [rows, width] viewed in 16-byte elements (complex128), the widest torch moves whole;
+    t itself as [rows, width] when the bytes do not split that way."""
+    flat = t.reshape(-1, width)
+    try:
+        return flat.view(torch.complex128)
+    except RuntimeError:
+        return flat
+
+
+def _scatter_ceiling(timer, pairs, slots):
+    """Time of writing each (rows [nnz, w], cache [P, S, ...w]) pair's rows to `slots` of the
+    cache with torch ops, the faster of index_copy_ and index_put_; checks what it wrote."""
+    views = [(_rows16(rows, rows.shape[-1]), _rows16(cache, rows.shape[-1])) for rows, cache in pairs]
+
+    def by_index_copy():
+        for src, dst in views:
+            dst.index_copy_(0, slots, src)
+
+    def by_index_put():
+        for src, dst in views:
+            dst[slots] = src
+
+    for fn in (by_index_copy, by_index_put):
+        for _, cache in pairs:
+            cache.zero_()
+        fn()
+        for rows, cache in pairs:
+            if not torch.equal(cache.reshape(-1, rows.shape[-1])[slots], rows):
+                raise RuntimeError(f"append: the scatter ceiling ({fn.__name__}) wrote the wrong rows")
+    return min(timer(by_index_copy), timer(by_index_put))
 
 
 def _timer(ctx):
@@ -99,76 +155,108 @@ def _optional_ms(timer, fn):
     return timer(fn)
 
 
+def _row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
+    return [nnz, page_size, order, nbytes / 1e6, ms, copy_ms, ceiling_ms, fi_ms, nbytes / ms / 1e6,
+            copy_ms / ms, ceiling_ms / ms, fi_ms / ms]
+
+
+def _copy_ms(timer, nbytes, dev):
+    flat_src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev)
+    flat_dst = torch.empty_like(flat_src)
+    return timer(lambda: flat_dst.copy_(flat_src))
+
+
 def _bandwidth_tables(ctx, timer, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(0)
-    sizes = [32, 1024, 8192, 65536, 262144] if ctx.full else [32, 512, 4096]
+    sizes = [32, 128, 512, 1024, 8192, 65536, 262144] if ctx.full else [32, 512, 4096]
     unit = "device_ms" if ctx.gpu else "cpu_ms"
     layout = "separate caches" if ctx.separate else "halves of one [P, S, 576] buffer"
-    cols = ["nnz", "page_size", "MB", f"mlacore_{unit}", f"copy_{unit}", "mlacore_GB/s", "copy_GB/s", "x copy_"]
-    if fi is not None:
-        cols += [f"flashinfer_{unit}", "flashinfer x copy_"]
+    cols = ["nnz", "page_size", "page_order", "MB", f"mlacore_{unit}", f"copy_{unit}", f"ceiling_{unit}",
+            f"flashinfer_{unit}", "mlacore_GB/s", "x copy_", "x ceiling", "x flashinfer"]
     mla = Table(f"append_paged_mla_kv_cache on {dev}, bf16, {layout}", list(cols))
     mha = Table(f"append_paged_kv_cache on {dev}, bf16, NHD (K, V), H={HEADS} D={HEAD_DIM}", list(cols))
+    cat = Table(f"concat_and_cache_mla on {dev}, bf16, one [P, S, 576] cache, int64 slot_mapping", list(cols))
+    nan = float("nan")
     for nnz in sizes:
         for page_size in (1, 16, 64):
-            p = Problem(nnz, page_size, dev, ctx.separate, gen)
-            page, off = p.slots()
+            for order in ORDERS:
+                p = Problem(nnz, page_size, dev, ctx.separate, gen, order)
+                page, off = p.slots()
+                slots = p.slot_mapping
 
-            a_ckv, a_kpe, ckv, kpe = p.mla()
-            run = lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *p.index_args(), ckv, kpe,
-                                                            *p.table_args())
-            run()
-            if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
-                raise RuntimeError(f"append: MLA rows misplaced at nnz={nnz}, page_size={page_size}")
-            nbytes = 2 * nnz * 576 * 2
-            flat_src = torch.empty(nnz * 576, dtype=torch.bfloat16, device=dev)
-            flat_dst = torch.empty_like(flat_src)
-            row = _row(nnz, page_size, nbytes, timer(run), timer(lambda: flat_dst.copy_(flat_src)))
-            if fi is not None:
-                fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_mla_kv_cache(
-                    a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
-                row += [fi_ms, row[4] / fi_ms]
-            mla.add(*row)
-            del a_ckv, a_kpe, ckv, kpe, flat_src, flat_dst
+                src, ckv, kpe, buf = p.mla()
+                a_ckv, a_kpe = src[:, :512], src[:, 512:]
+                run = lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *p.index_args(), ckv, kpe,
+                                                                *p.table_args())
+                run()
+                if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
+                    raise RuntimeError(f"append: MLA rows misplaced at nnz={nnz}, page_size={page_size}")
+                nbytes = 2 * nnz * 576 * 2
+                ms = timer(run)
+                copy_ms = _copy_ms(timer, nbytes, dev)
+                pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
+                ceiling_ms = _scatter_ceiling(timer, pairs, slots)
+                fi_ms = nan
+                if fi is not None:
+                    fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_mla_kv_cache(
+                        a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
+                mla.add(*_row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
 
-            key, value, cache = p.mha()
-            run = lambda: mlacore.append_paged_kv_cache(key, value, *p.index_args(), cache, *p.table_args())
-            run()
-            if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
-                raise RuntimeError(f"append: K/V rows misplaced at nnz={nnz}, page_size={page_size}")
-            nbytes = 2 * 2 * nnz * HEADS * HEAD_DIM * 2
-            flat_src = torch.empty(2 * nnz * HEADS * HEAD_DIM, dtype=torch.bfloat16, device=dev)
-            flat_dst = torch.empty_like(flat_src)
-            row = _row(nnz, page_size, nbytes, timer(run), timer(lambda: flat_dst.copy_(flat_src)))
-            if fi is not None:
-                fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_kv_cache(
-                    key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
-                row += [fi_ms, row[4] / fi_ms]
-            mha.add(*row)
-            del key, value, cache, flat_src, flat_dst
-    for t, bar in ((mla, "0.90"), (mha, "0.92")):
-        t.notes.append(f"MB = bytes read + written; x copy_ = copy_ time / append time; bar at nnz >= 65536: >= {bar}")
+                if buf is not None:
+                    buf.zero_()
+                    run = lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)
+                    run()
+                    if not torch.equal(buf.view(-1, 576)[slots], src):
+                        raise RuntimeError(f"concat_and_cache_mla: rows misplaced at nnz={nnz}, page_size={page_size}")
+                    cat.add(*_row(nnz, page_size, order, nbytes, timer(run), copy_ms, ceiling_ms, nan))
+                del src, a_ckv, a_kpe, ckv, kpe, buf
+
+                key, value, cache = p.mha()
+                run = lambda: mlacore.append_paged_kv_cache(key, value, *p.index_args(), cache, *p.table_args())
+                run()
+                if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
+                    raise RuntimeError(f"append: K/V rows misplaced at nnz={nnz}, page_size={page_size}")
+                nbytes = 2 * 2 * nnz * HEADS * HEAD_DIM * 2
+                ms = timer(run)
+                copy_ms = _copy_ms(timer, nbytes, dev)
+                row = HEADS * HEAD_DIM
+                ceiling_ms = _scatter_ceiling(timer, [(key.reshape(nnz, row), cache[0]),
+                                                      (value.reshape(nnz, row), cache[1])], slots)
+                fi_ms = nan
+                if fi is not None:
+                    fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_kv_cache(
+                        key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
+                mha.add(*_row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
+                del key, value, cache
+    for t in (mla, mha, cat):
+        t.notes.append("MB = bytes read + written; x copy_ / x ceiling / x flashinfer = their time / this op's "
+                       "(> 1: this op is faster)")
         if ctx.gpu:
             t.notes.append("device time per call, CUDA events, L2 flushed before every call")
-        t.plot = ("nnz", ["mlacore_GB/s", "copy_GB/s"], True, False)
-    return [mla, mha]
-
-
-def _row(nnz, page_size, nbytes, ms, copy_ms):
-    return [nnz, page_size, nbytes / 1e6, ms, copy_ms, nbytes / ms / 1e6, nbytes / copy_ms / 1e6, copy_ms / ms]
+        t.plot = ("nnz", ["mlacore_GB/s"], True, False)
+    mla.notes.append("bars: nnz <= 1024 x flashinfer >= 1 and x copy_ >= 0.8; nnz >= 65536 x ceiling >= 0.97 "
+                     "and x flashinfer >= 1.6")
+    mha.notes.append("bars: nnz <= 1024 x flashinfer >= 1 and x copy_ >= 0.8; nnz >= 65536 x ceiling >= 0.97")
+    tables = [mla, mha]
+    if cat.rows:
+        cat.notes.append("same sources and slots as the MLA table; no FlashInfer counterpart")
+        tables.append(cat)
+    return tables
 
 
 def _host_table(ctx, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(1)
     calls = ctx.repeats or (5000 if ctx.gpu else 2000)
-    p = Problem(32, 16, dev, ctx.separate, gen)
-    a_ckv, a_kpe, ckv, kpe = p.mla()
+    p = Problem(32, 16, dev, False, gen)
+    src, ckv, kpe, buf = p.mla()
+    a_ckv, a_kpe = src[:, :512], src[:, 512:]
     key, value, cache = p.mha()
     x = torch.ones(16, device=dev)
     y = torch.ones(16, device=dev)
     idx, tab = p.index_args(), p.table_args()
+    slots = p.slot_mapping
 
     drain = torch.cuda.synchronize if ctx.gpu else None
 
@@ -181,6 +269,8 @@ def _host_table(ctx, fi):
                  host_us(lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))))
     rows.append(("mlacore append_paged_kv_cache",
                  host_us(lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab))))
+    rows.append(("mlacore concat_and_cache_mla",
+                 host_us(lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None))))
     if fi is not None:
         for name, fn in (("flashinfer append_paged_mla_kv_cache",
                           lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab)),

@@ -61,6 +61,23 @@ void bind_append(nb::module_& m) {
       nb::arg("kv_indices").none(), nb::arg("kv_indptr").none(), nb::arg("kv_last_page_len").none(),
       nb::arg("kv_layout") = "NHD", nb::arg("backend") = "auto", nb::arg("strict") = false,
       nb::arg("stream").none() = nb::none());
+
+  m.def(
+      "concat_and_cache_mla",
+      [](nb::handle kv_c, nb::handle k_pe, nb::handle kv_cache, nb::handle slot_mapping, bool strict,
+         nb::handle stream) {
+        TensorArg c, pe, cache, slots;
+        convert(kv_c, "kv_c", c);
+        convert(k_pe, "k_pe", pe);
+        convert(kv_cache, "kv_cache", cache);
+        convert(slot_mapping, "slot_mapping", slots);
+        void* s = stream_for(cache, stream);
+        check(without_gil([&] {
+          return mlacore_concat_and_cache_mla(c.get(), pe.get(), cache.get(), slots.get(), strict ? 1 : 0, s);
+        }));
+      },
+      nb::arg("kv_c").none(), nb::arg("k_pe").none(), nb::arg("kv_cache").none(), nb::arg("slot_mapping").none(),
+      nb::arg("strict") = false, nb::arg("stream").none() = nb::none());
 }
 
 }  // namespace mlacore::bind

@@ -646,13 +646,18 @@ def test_gpu_many_batches_per_block(index_dtype):
     assert_same(whole, expect)
 
 
-# --- GPU: the fast kernels ----------------------------------------------------------------
-# core/src/append/paged_append.cu routes, on a CUDA build holding sm_90 code for the device (an H200
-# with the default sm_targets), MLA rows of 1024 + 128 bytes (512 + 64 in bf16/fp16) to
-# append_bulk_kernel (cp.async.bulk) at page sizes >= 16 and to append_warp_kernel below, K/V
-# rows of 2048 bytes a stream (8 heads x 128 in bf16/fp16, 8 x 64 in fp32; NHD or HND) to
-# append_warp_kernel (double-buffered), everything else to append_kernel (the classic kernel).
-# MLACORE_APPEND_KERNEL=classic, read once per process, forces append_kernel.
+# --- GPU: the kernels ------------------------------------------------------------------
+# core/src/append/paged_append.cu picks, for a page-table append:
+#   append_rows_kernel: appends of at most 4 MiB of source rows (a decode step), 16-byte accesses,
+#     batch_indices and positions of one dtype: one lean launch;
+#   on a CUDA build holding sm_90 code for the device (an H200 with the default sm_targets), above
+#     that: MLA rows of 1024 + 128 bytes (512 + 64 in bf16/fp16) to append_bulk_kernel
+#     (cp.async.bulk) at page sizes >= 16 and to append_warp_kernel below, K/V rows of 2048 bytes a
+#     stream (8 heads x 128 in bf16/fp16, 8 x 64 in fp32; NHD or HND) to append_warp_kernel
+#     (double-buffered);
+#   everything else: append_kernel (the classic kernel).
+# MLACORE_APPEND_KERNEL, read once per process: "classic" forces append_kernel, "fast" the choice
+# above without the rows kernel, "rows" the rows kernel wherever it fits.
 
 def _odd_table(nnz, page_size, index_dtype, seed):
     """nnz tokens over 7 requests (uneven, most starting mid-page); from 10 tokens on, corrupted
@@ -692,8 +697,9 @@ def _fast_shapes_match_reference(table):
 @pytest.mark.parametrize("page_size", [1, 5, 16, 64])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 def test_gpu_fast_kernel_shapes_at_odd_sizes(nnz, page_size, index_dtype):
-    # Tails of every kind: a last warp group of 1-3 MLA tokens, bulk-copy stages of fewer than
-    # 8 tokens, 32-token lookup tiles cut short, warps with nothing to do.
+    # Tails of every kind: the rows kernel's blocks cut short, a last warp group of 1-3 MLA
+    # tokens, bulk-copy stages of fewer than 8 tokens, 32-token lookup tiles cut short, warps
+    # with nothing to do.
     _fast_shapes_match_reference(_odd_table(nnz, page_size, index_dtype, seed=nnz + page_size))
 
 
@@ -705,37 +711,90 @@ def test_gpu_fast_kernel_shapes_many_tokens(page_size):
     _fast_shapes_match_reference(_odd_table(20_011, page_size, torch.int64, seed=page_size))
 
 
+@requires_cuda
+def test_gpu_mixed_index_dtypes_and_long_rows():
+    # batch_indices int64 with positions int32 (the classic kernel), and K/V rows of 32 heads x
+    # 256 fp32 (32 KiB a stream: several row chunks a token in the rows kernel).
+    table = with_bad_tokens(Table(old=[0, 33, 5], new=[20, 3, 40], page_size=16, seed=4))
+    table.batch_indices = table.batch_indices.to(torch.int64)
+    assert_same(*run_mla(table, "split", torch.bfloat16, device="cuda"))
+    table = with_bad_tokens(Table(old=[0, 3], new=[5, 4], page_size=4, seed=6))
+    gpu, expect = run_kv(table, "tuple", "NHD", torch.float32, heads=32, dim=256, device="cuda")
+    assert_same(gpu, expect)
+    gpu, expect = run_kv(table, "5d", "HND", torch.float32, heads=32, dim=256, device="cuda")
+    assert_same(gpu, expect)
+
+
 KERNEL_SCRIPT = r"""
 import os, sys, torch
 sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
-from test_append import Table, with_bad_tokens, run_mla, run_kv, assert_same
+from test_append import Table, with_bad_tokens, run_mla, run_kv, assert_same, _odd_table, _fast_shapes_match_reference
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     for page_size in (1, 16):
-        table = with_bad_tokens(Table(old=[0, 33, 100, 7], new=[400, 1, 700, 9], page_size=page_size, seed=3))
-        for dims in ((512, 64), (64, 16)):  # a fast shape, then one only the classic kernel takes
-            whole, expect = run_mla(table, "split", torch.bfloat16, device="cuda", dims=dims)
-            assert_same(whole, expect)
-        for layout in ("NHD", "HND"):
-            whole, expect = run_kv(table, "tuple", layout, torch.bfloat16, heads=8, dim=128, device="cuda")
-            assert_same(whole, expect)
+        # A decode step (64 tokens), then appends past the rows kernel's 4 MiB; rows of 12 + 4
+        # bf16 (8-byte accesses) only the classic kernel takes.
+        for new in ([16, 16, 16, 16], [5000, 1, 4000, 9]):
+            table = with_bad_tokens(Table(old=[0, 33, 100, 7], new=new, page_size=page_size, seed=3))
+            for dims in ((512, 64), (12, 4)):
+                whole, expect = run_mla(table, "split", torch.bfloat16, device="cuda", dims=dims)
+                assert_same(whole, expect)
+            for layout in ("NHD", "HND"):
+                whole, expect = run_kv(table, "tuple", layout, torch.bfloat16, heads=8, dim=128, device="cuda")
+                assert_same(whole, expect)
+    if os.environ.get("ODD_SIZES"):
+        for nnz in (1, 37, 3001):
+            for page_size in (1, 16):
+                for index_dtype in (torch.int32, torch.int64):
+                    _fast_shapes_match_reference(_odd_table(nnz, page_size, index_dtype, seed=nnz + page_size))
     torch.cuda.synchronize()
-kinds = {"append_warp_kernel": "warp", "append_bulk_kernel": "bulk", "append_kernel": "classic"}
+kinds = {"append_rows_kernel": "rows", "append_warp_kernel": "warp", "append_bulk_kernel": "bulk",
+         "append_kernel": "classic"}
 ran = {kind for e in prof.events() for name, kind in kinds.items() if name in e.name}  # none holds another
 print("kernels:", " ".join(sorted(ran)), flush=True)
 """
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel", ["default", "classic"])
-def test_gpu_fast_and_classic_kernels_in_a_fresh_process(kernel):
-    # MLACORE_APPEND_KERNEL is read once per process: a fresh interpreter appends every fast
-    # shape (and one the classic kernel takes) against the reference, and the profiler names the
-    # kernels that ran. An H100/H200 runs the fast kernels unless told otherwise (a build without
-    # sm_90 code fails here on purpose: its fast kernels are missing); other GPUs the classic one.
-    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_APPEND_KERNEL", "classic" if kernel == "classic" else None)
-    fast = kernel == "default" and torch.cuda.get_device_capability() == (9, 0)
-    want = {"warp", "bulk", "classic"} if fast else {"classic"}
+@pytest.mark.parametrize("kernel", ["default", "classic", "fast", "rows"])
+def test_gpu_kernel_choice_in_a_fresh_process(kernel, monkeypatch):
+    # MLACORE_APPEND_KERNEL is read once per process: a fresh interpreter appends a decode step,
+    # every fast shape and one only the classic kernel takes against the reference (with "fast"
+    # and "rows" also odd sizes as in test_gpu_fast_kernel_shapes_at_odd_sizes), and the
+    # profiler names the kernels that ran. An H100/H200 runs the fast kernels unless told
+    # otherwise (a build without sm_90 code fails here on purpose: its fast kernels are
+    # missing); other GPUs the classic one.
+    if kernel in ("fast", "rows"):
+        monkeypatch.setenv("ODD_SIZES", "1")
+    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_APPEND_KERNEL", None if kernel == "default" else kernel)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    fast = {"warp", "bulk", "classic"} if hopper else {"classic"}
+    want = {"default": fast | {"rows"}, "classic": {"classic"}, "fast": fast, "rows": {"rows", "classic"}}[kernel]
     assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {sorted(ran)}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("nnz", [1, 32, 1024, 5000])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_gpu_bitwise_equal_to_flashinfer(nnz, page_size):
+    fi = pytest.importorskip("flashinfer")
+    new = [nnz // 4 + (1 if b < nnz % 4 else 0) for b in range(4)]
+    table = Table(old=[0, 17, 3, 64], new=new, page_size=page_size, seed=nnz)
+    (bi, pos), (idx, ptr, last) = table.args("cuda")
+    src = rand((table.nnz, 576), torch.bfloat16, nnz, "cuda")
+    mine, ckv, kpe = mla_caches("split", table.pages, page_size, torch.bfloat16, "cuda")
+    theirs, fckv, fkpe = mla_caches("split", table.pages, page_size, torch.bfloat16, "cuda")
+    mlacore.append_paged_mla_kv_cache(src[:, :512], src[:, 512:], bi, pos, ckv, kpe, idx, ptr, last)
+    fi.page.append_paged_mla_kv_cache(src[:, :512], src[:, 512:], bi, pos, fckv, fkpe, idx, ptr, last)
+    torch.cuda.synchronize()
+    assert_same(mine, theirs)
+    for layout in ("NHD", "HND"):
+        kv = rand((table.nnz, 2, 8, 128), torch.bfloat16, nnz + 1, "cuda")
+        mine, arg, _, _ = kv_caches("tuple", layout, table.pages, page_size, 8, 128, torch.bfloat16, "cuda")
+        theirs, farg, _, _ = kv_caches("tuple", layout, table.pages, page_size, 8, 128, torch.bfloat16, "cuda")
+        mlacore.append_paged_kv_cache(kv[:, 0], kv[:, 1], bi, pos, arg, idx, ptr, last, kv_layout=layout)
+        fi.page.append_paged_kv_cache(kv[:, 0], kv[:, 1], bi, pos, farg, idx, ptr, last, kv_layout=layout)
+        torch.cuda.synchronize()
+        assert_same(mine, theirs)
 
 
 @requires_cuda

@@ -6,6 +6,7 @@ package allocates outputs, registers torch custom ops and shapes the API.
 
 from . import _mlacore
 from ._append import append_paged_kv_cache, append_paged_mla_kv_cache
+from ._append import concat_and_cache_mla
 from ._backends import backends
 from ._decode import BatchMLAPagedAttentionWrapper, workspace_bytes
 from ._kv_layout import combined_kv_view, explain_kv_layout
@@ -28,6 +29,7 @@ __all__ = [
     "backends",
     "append_paged_mla_kv_cache",
     "append_paged_kv_cache",
+    "concat_and_cache_mla",
     "MlaPlan",
     "PlanInfo",
     "default_max_work",

@@ -20,6 +20,7 @@ from . import _mlacore
 _is_compiling = torch.compiler.is_compiling
 _mla = _mlacore.append_paged_mla_kv_cache
 _kv = _mlacore.append_paged_kv_cache
+_concat = _mlacore.concat_and_cache_mla
 
 
 @torch.library.custom_op("mlacore::append_paged_mla_kv_cache", mutates_args=("ckv_cache", "kpe_cache"))
@@ -101,3 +102,48 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
                       kv_last_page_len, kv_layout, backend, strict)
     _kv(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout, backend, strict)
+
+
+@torch.library.custom_op("mlacore::concat_and_cache_mla", mutates_args=("kv_cache",))
+def _concat_op(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+               strict: bool) -> None:
+    _concat(kv_c, k_pe, kv_cache, slot_mapping, strict)
+
+
+@_concat_op.register_fake
+def _(kv_c, k_pe, kv_cache, slot_mapping, strict):
+    return None
+
+
+def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto", scale=None,
+                         strict: bool = False) -> None:
+    """vLLM's concat_and_cache_mla: writes kv_c [T, 512] and k_pe [T, 64], side by side,
+    into slot slot_mapping[i] (= block * block_size + offset) of kv_cache
+    [num_blocks, block_size, 576] (any Dc + Dp; float16, bfloat16 or float32, the
+    sources' dtype equal to the cache's).
+
+    kv_cache may be a strided view (one layer of [layers, blocks, block_size, 576])
+    with a contiguous last dim; kv_c and k_pe any token stride, contiguous last dim.
+    slot_mapping: int64 (or int32) [T] on the cache's device. A negative slot skips
+    the token, as in vLLM; a slot at or past num_blocks * block_size writes nothing
+    either, silently, unless strict (or MLACORE_STRICT=1): then every slot is checked
+    first (one synchronization) and ValueError names the first such token, nothing
+    written.
+    kv_cache_dtype: "auto" only (the cache holds the sources' dtype); an fp8 value
+    raises ValueError: fp8 caches are not supported. scale: vLLM passes its fp8
+    scale tensor on every call; it is accepted and ignored for "auto" (a tensor or
+    None).
+    """
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"kv_cache_dtype: expected a str, got {type(kv_cache_dtype).__name__}")
+    if kv_cache_dtype != "auto":
+        if kv_cache_dtype.startswith("fp8"):
+            raise ValueError(f"kv_cache_dtype: fp8 caches are not supported (got {kv_cache_dtype!r}); "
+                             "expected 'auto'")
+        raise ValueError(f"kv_cache_dtype: expected 'auto', got {kv_cache_dtype!r}")
+    if scale is not None and not isinstance(scale, (torch.Tensor, float, int)):
+        raise TypeError(f"scale: expected a tensor, a number or None, got {type(scale).__name__}")
+    if _is_compiling():
+        return _concat_op(kv_c, k_pe, kv_cache, slot_mapping, strict)
+    _concat(kv_c, k_pe, kv_cache, slot_mapping, strict)

@@ -165,5 +165,37 @@ int main() {
   const char* reason = nullptr;
   CHECK(mlacore_backend_info("cutlass", &available, &reason) == MLACORE_ERROR_VALUE);
 
+  // concat_and_cache_mla: one layer of a [2, blocks=3, block_size=2, 6] cache, sources
+  // kv_c [4, 4] and k_pe [4, 2] as slices of one [4, 8] buffer; slot -1 and slot 6
+  // (past 3 * 2 slots) are skipped, the rest land side by side.
+  {
+    const int64_t L = 2, B = 3, BS = 2, T = 4;
+    std::vector<float> layers(L * B * BS * ROW, kPoison);
+    View layer1(layers.data() + B * BS * ROW, kF32, {B, BS, ROW}, {BS * ROW, ROW, 1});
+    View kv_c(src.data(), kF32, {T, DC}, {8, 1}), k_pe(src.data() + 6, kF32, {T, DP}, {8, 1});
+    std::vector<int64_t> slots{5, -1, 0, 6};
+    View v_slots(slots.data(), kI64, {T}, {1});
+    CHECK(mlacore_concat_and_cache_mla(&kv_c, &k_pe, &layer1, &v_slots, 0, nullptr) == MLACORE_OK);
+    std::vector<float> want(layers.size(), kPoison);
+    for (int64_t i = 0; i < T; ++i) {
+      if (slots[i] < 0 || slots[i] >= B * BS) continue;
+      float* row = want.data() + (B * BS + slots[i]) * ROW;  // layer 1, block-major slots
+      for (int64_t d = 0; d < DC; ++d) row[d] = src[i * 8 + d];
+      for (int64_t d = 0; d < DP; ++d) row[DC + d] = src[i * 8 + 6 + d];
+    }
+    CHECK(layers == want);
+    // Strict: slot 6 is past the cache; token 3 is named and nothing moves.
+    for (float& x : src) x += 1.0f;
+    CHECK(mlacore_concat_and_cache_mla(&kv_c, &k_pe, &layer1, &v_slots, 1, nullptr) == MLACORE_ERROR_VALUE);
+    CHECK_CONTAINS(mlacore_last_error(), "token 3 (slot 6)");
+    CHECK(layers == want);
+    // Validation names the argument.
+    View short_pe(src.data() + 6, kF32, {T, 1}, {8, 1});
+    CHECK(mlacore_concat_and_cache_mla(&kv_c, &short_pe, &layer1, &v_slots, 0, nullptr) == MLACORE_ERROR_VALUE);
+    CHECK_CONTAINS(mlacore_last_error(), "k_pe: ");
+    CHECK(mlacore_concat_and_cache_mla(&kv_c, &k_pe, &layer1, nullptr, 0, nullptr) == MLACORE_ERROR_TYPE);
+    CHECK_CONTAINS(mlacore_last_error(), "slot_mapping");
+  }
+
   return finish("test_append");
 }

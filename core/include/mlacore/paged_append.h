@@ -49,6 +49,22 @@ MLACORE_API mlacore_status mlacore_append_paged_kv_cache(
     const DLTensor* kv_indptr, const DLTensor* kv_last_page_len, int32_t layout, int32_t backend, int32_t strict,
     void* stream);
 
+/* vLLM's concat_and_cache_mla (kv_cache_dtype "auto"): token i's kv_c [T, Dc]
+ * and k_pe [T, Dp] rows, side by side, into slot slot_mapping[i] (= block *
+ * block_size + offset) of kv_cache [num_blocks, block_size, Dc + Dp].
+ * kv_cache may be a strided view (one layer of [layers, blocks, block_size,
+ * 576]) with a contiguous last dim; kv_c and k_pe any token stride, contiguous
+ * last dim, the cache's dtype (float16, bfloat16, float32). slot_mapping is
+ * 1-D int64 (or int32) [T] on the cache's device. A negative slot skips the
+ * token, as in vLLM; so does a slot at or past num_blocks * block_size,
+ * silently, unless `strict` (or MLACORE_STRICT=1): then the call synchronizes,
+ * checks every slot first and fails with MLACORE_ERROR_VALUE naming the first
+ * such token, writing nothing (negative slots stay skips). Never allocates;
+ * without strict never synchronizes. */
+MLACORE_API mlacore_status mlacore_concat_and_cache_mla(const DLTensor* kv_c, const DLTensor* k_pe,
+                                                       const DLTensor* kv_cache, const DLTensor* slot_mapping,
+                                                       int32_t strict, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -129,7 +129,19 @@ void check_tokens(const char* op, const IndexVec& bi, const IndexVec& pos, int64
   }
 }
 
+// A negative slot is the engine's "skip this token" (padding), not an error;
+// a slot past the cache is.
+void check_slots(const char* op, const SlotMap& m, int64_t nnz) {
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t s = m.slots.at(i);
+    if (s < m.capacity) continue;
+    value_error(op, " (strict): token ", i, " (slot ", s, ") cannot be written: the cache holds ", m.capacity,
+                " slots; nothing was written");
+  }
+}
+
 void check_tokens(const char* op, const Job& job) {
+  if (job.by_slot) return check_slots(op, job.slot_map, job.nnz);
   if (job.table64) check_tokens(op, job.batch, job.pos, job.nnz, job.t64);
   else check_tokens(op, job.batch, job.pos, job.nnz, job.t32);
 }
@@ -165,6 +177,11 @@ PageTable<Idx> fetch(std::vector<char>& keep_indices, std::vector<char>& keep_in
 void check_tokens_on_device(const char* op, const Job& job, int device, void* stream) {
   std::vector<char> b, p, i, ip;
   Job host = job;
+  if (job.by_slot) {
+    host.slot_map.slots = fetch(b, job.slot_map.slots, job.nnz, device, stream);
+    wait_stream(device, stream);
+    return check_tokens(op, host);
+  }
   host.batch = fetch(b, job.batch, job.nnz, device, stream);
   host.pos = fetch(p, job.pos, job.nnz, device, stream);
   if (job.table64) host.t64 = fetch(i, ip, job.t64, device, stream);
@@ -176,13 +193,14 @@ void check_tokens_on_device(const char* op, const Job& job, int device, void* st
 
 // ---- CPU path ----------------------------------------------------------------
 
-template <class Idx>
-void run_cpu(const Job& job, const PageTable<Idx>& t) {
+// The slot of token i (page * page_size + offset), -1 when it writes nothing.
+template <class Slot>
+void run_cpu(const Job& job, int64_t page_size, Slot&& slot_of) {
   for (int64_t i = 0; i < job.nnz; ++i) {
-    const int64_t slot = t.slot(job.batch.at(i), job.pos.at(i));
+    const int64_t slot = slot_of(i);
     if (slot < 0) continue;
-    const int64_t page = slot / t.page_size;
-    const int64_t off = slot - page * t.page_size;
+    const int64_t page = slot / page_size;
+    const int64_t off = slot - page * page_size;
     for (const CopyStream& s : job.streams) {
       const char* from = s.src + i * s.src_token;
       char* to = s.dst + page * s.dst_page + off * s.dst_token;
@@ -209,36 +227,53 @@ AiterDtype aiter_cache_dtype(const Arg& cache) {
 
 // `make_aiter` describes the call to AITER's cache writes; it runs only when
 // the route picks AITER, so native calls build nothing for it.
+// Strict mode (by request or MLACORE_STRICT): every token checked before
+// anything is written; the one place an append synchronizes.
+void check_strict(const char* op, const Job& job, const Arg& anchor, Where where, int32_t strict, void* stream) {
+  if (strict == 0 && !strict_from_env()) return;
+  if (where == Where::CPU) {
+    check_tokens(op, job);
+    return;
+  }
+#if defined(MLACORE_WITH_GPU)
+  check_tokens_on_device(op, job, anchor.device_id(), stream);
+#else
+  (void)anchor;
+  (void)stream;
+#endif
+}
+
+// The native copy, on the CPU or the GPU; nothing synchronizes.
+void run_native(const Job& job, const Arg& anchor, Where where, void* stream) {
+  if (job.nnz == 0) return;
+  if (where == Where::CPU) {
+    if (job.by_slot) {
+      run_cpu(job, job.slot_map.page_size, [&](int64_t i) { return job.slot_map.slot(i); });
+    } else if (job.table64) {
+      run_cpu(job, job.t64.page_size, [&](int64_t i) { return job.t64.slot(job.batch.at(i), job.pos.at(i)); });
+    } else {
+      run_cpu(job, job.t32.page_size, [&](int64_t i) { return job.t32.slot(job.batch.at(i), job.pos.at(i)); });
+    }
+    return;
+  }
+#if defined(MLACORE_WITH_GPU)
+  launch_gpu(job, anchor.device_id(), stream);
+#else
+  (void)anchor;
+  (void)stream;  // CPU-only build: where_to_run() has already refused GPU tensors
+#endif
+}
+
+// `make_aiter` describes the call to AITER's cache writes; it runs only when
+// the route picks AITER, so native calls build nothing for it.
 template <class MakeAiter>
 void execute(const char* op, const Job& job, const Arg& anchor, const mlacore_route_request& request,
              int32_t backend, int32_t strict, void* stream, MakeAiter&& make_aiter) {
   const bool aiter = route(request, parse_backend(backend), false).backend == Backend::Aiter;
   const Where where = where_to_run(anchor);
-  if (strict != 0 || strict_from_env()) {
-    if (where == Where::CPU) {
-      check_tokens(op, job);
-    } else {
-#if defined(MLACORE_WITH_GPU)
-      check_tokens_on_device(op, job, anchor.device_id(), stream);
-#endif
-    }
-  }
-  if (job.nnz == 0) return;
-  if (aiter) {
-    run_aiter_cache_write(op, make_aiter(), job, stream);
-    return;
-  }
-#if !defined(MLACORE_WITH_GPU)
-  (void)stream;  // CPU-only build: where_to_run() has already refused GPU tensors
-#endif
-  if (where == Where::CPU) {
-    if (job.table64) run_cpu(job, job.t64);
-    else run_cpu(job, job.t32);
-    return;
-  }
-#if defined(MLACORE_WITH_GPU)
-  launch_gpu(job, anchor.device_id(), stream);
-#endif
+  check_strict(op, job, anchor, where, strict, stream);
+  if (!aiter) return run_native(job, anchor, where, stream);
+  if (job.nnz > 0) run_aiter_cache_write(op, make_aiter(), job, stream);
 }
 
 void append_mla(const DLTensor* append_ckv, const DLTensor* append_kpe, const DLTensor* batch_indices,
@@ -400,6 +435,49 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   });
 }
 
+// vLLM's concat_and_cache_mla: kv_c [T, Dc] and k_pe [T, Dp] side by side
+// into kv_cache [num_blocks, block_size, Dc + Dp] at slot_mapping[i].
+void concat_mla(const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache, const DLTensor* slot_mapping,
+                int32_t strict, void* stream) {
+  const Arg c(kv_c, "kv_c"), pe(k_pe, "k_pe"), cache(kv_cache, "kv_cache"), slots(slot_mapping, "slot_mapping");
+  cache.expect_ndim(3);
+  expect_cache_dtype(cache);
+  cache.expect_last_dim_contiguous();
+  const int64_t blocks = cache.size(0), block_size = cache.size(1), width = cache.size(2);
+  if (block_size < 1) value_error("kv_cache: expected a block size of at least 1, got ", cache.describe());
+  c.expect_ndim(2);
+  expect_dtype_of(c, cache);
+  c.expect_same_device(cache);
+  const int64_t tokens = c.size(0), dc = c.size(1);
+  if (dc > width)
+    value_error("kv_c: expected at most ", width, " columns (the last dim of kv_cache), got ", c.describe());
+  c.expect_last_dim_contiguous();
+  pe.expect_ndim(2);
+  expect_dtype_of(pe, cache);
+  pe.expect_same_device(cache);
+  pe.expect_size(0, tokens, "rows of kv_c");
+  pe.expect_size(1, width - dc, "last dim of kv_cache minus kv_c's");
+  pe.expect_last_dim_contiguous();
+  slots.expect_index_vector(tokens, "rows of kv_c");
+  slots.expect_same_device(cache);
+
+  Job job;
+  job.nnz = tokens;
+  job.by_slot = true;
+  job.slot_map.slots = index_vec(slots);
+  job.slot_map.page_size = block_size;
+  if (__builtin_mul_overflow(blocks, block_size, &job.slot_map.capacity))
+    value_error("kv_cache: ", cache.describe(), " holds more than 2^63 slots");
+  const int64_t es = itemsize(cache.dtype());
+  const int64_t page = bstride(cache, 0, es), token = bstride(cache, 1, es);
+  job.streams[0] = {c.ptr<char>(), bstride(c, 0, es), 0, cache.ptr<char>(), page, token, 0, dc * es, 1};
+  job.streams[1] = {pe.ptr<char>(), bstride(pe, 0, es), 0, cache.ptr<char>() + dc * es, page, token, 0,
+                    (width - dc) * es, 1};
+  const Where where = where_to_run(cache);
+  check_strict("concat_and_cache_mla", job, cache, where, strict, stream);
+  run_native(job, cache, where, stream);
+}
+
 }  // namespace
 }  // namespace mlacore::append
 
@@ -424,6 +502,12 @@ MLACORE_API mlacore_status mlacore_append_paged_kv_cache(
     mlacore::append::append_kv(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices,
                                kv_indptr, kv_last_page_len, layout, backend, strict, stream);
   });
+}
+
+MLACORE_API mlacore_status mlacore_concat_and_cache_mla(const DLTensor* kv_c, const DLTensor* k_pe,
+                                                       const DLTensor* kv_cache, const DLTensor* slot_mapping,
+                                                       int32_t strict, void* stream) {
+  return mlacore::guarded([&] { mlacore::append::concat_mla(kv_c, k_pe, kv_cache, slot_mapping, strict, stream); });
 }
 
 }  // extern "C"

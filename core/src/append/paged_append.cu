@@ -1,12 +1,15 @@
 // Paged append kernels and their launcher: each appended token's row (ckv and
 // kpe, or K and V) goes to the slot its batch index and position give through
-// the page table; a token whose request, position or page id is out of range
-// is skipped, never written. The classic kernel (CUDA and HIP): a persistent
-// grid, page-table lookups of a batch of tokens overlapped with its first
-// source loads, a flat copy of 16-byte accesses. On sm_90+ two faster shapes
-// for the row sizes engines use (a warp a token, register double-buffered;
-// Hopper bulk copies through a shared-memory ring), picked on the host from
-// the data (launch_gpu). No allocation, no synchronization.
+// the page table (or, for concat_and_cache_mla, through a slot mapping); a
+// token whose request, position, page id or slot is out of range is skipped,
+// never written. Small appends (a decode step: one token a request) are
+// latency-bound and run append_rows_kernel, one lean launch; slot-mapped ones
+// run it at every size. Larger appends are bandwidth-bound and run the
+// classic kernel (CUDA and HIP: a persistent grid, page-table lookups
+// overlapped with the first source loads, a flat copy of 16-byte accesses)
+// or, on sm_90+, two faster shapes for the row sizes engines use (a warp a
+// token; Hopper bulk copies through a shared-memory ring), picked on the host
+// from the data (launch_gpu). No allocation, no synchronization.
 // Design: docs/design/2026-12-01-append-kernels.md.
 #include <atomic>
 #include <cstdlib>
@@ -65,6 +68,9 @@ struct KParams {
   uint32_t batch_tokens;  // tokens per batch: <= kThreads, batch_tokens * vecs < 2^31
   int64_t share_q;        // nnz = share_q * grid + share_r: each block's share
   uint32_t share_r;
+  // append_rows_kernel: threads a token (`lanes`, divided by lane_div), tokens a block.
+  uint32_t lanes, block_tokens;
+  FastDiv lane_div;
 };
 
 template <class V>
@@ -89,6 +95,19 @@ __device__ __forceinline__ Ptr segmented(const KParams& p, uint32_t v, Ptr row_a
   return (in_b ? row_b : row_a) + seg * (source ? s.src_seg : s.dst_seg) + e * sizeof(V);
 }
 
+// Address of access `v` of a token row in either stream: flat rows (one
+// segment per stream: NHD, contiguous heads, MLA) are one run per stream, so
+// access w of a stream's row is at row + w * sizeof(V); a template parameter,
+// so the per-access code has neither a branch on it nor the segment division.
+template <bool Flat, class V, class Ptr>
+__device__ __forceinline__ Ptr access_at(const KParams& p, uint32_t v, Ptr row_a, Ptr row_b, bool source) {
+  if (Flat) {
+    const bool in_b = v >= p.a.vecs;
+    return (in_b ? row_b : row_a) + static_cast<size_t>(in_b ? v - p.a.vecs : v) * sizeof(V);
+  }
+  return segmented<V>(p, v, row_a, row_b, source);
+}
+
 // q = n / d, r = n % d for 64-bit operands, one bit at a time. Only reached
 // for positions or page sizes of 2^32 and more: nvcc's 64-bit division is a
 // call, around which the first round's loaded rows (live here) would spill.
@@ -105,6 +124,20 @@ __device__ __forceinline__ void divide_slowly(uint64_t n, uint64_t d, uint64_t& 
   }
 }
 
+// q = n / d, r = n % d for n >= 0, d >= 1: 32-bit when both fit.
+__device__ __forceinline__ void split(int64_t n, int64_t d, int64_t& q, int64_t& r) {
+  if (((static_cast<uint64_t>(n) | static_cast<uint64_t>(d)) >> 32) == 0) {
+    const uint32_t q32 = static_cast<uint32_t>(n) / static_cast<uint32_t>(d);
+    q = q32;
+    r = static_cast<int64_t>(static_cast<uint32_t>(n) - q32 * static_cast<uint32_t>(d));
+  } else {
+    uint64_t uq, ur;
+    divide_slowly(static_cast<uint64_t>(n), static_cast<uint64_t>(d), uq, ur);
+    q = static_cast<int64_t>(uq);
+    r = static_cast<int64_t>(ur);
+  }
+}
+
 // Page and in-page offset of token `pos` of request `b`; page -1 when the
 // token must be skipped. The same checks, in the same order, as
 // PageTable::slot, through the same bounds-checked reads (pages_of,
@@ -114,19 +147,15 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
                                        int64_t& off) {
   page = -1;
   off = 0;
+  // Both index words are used before the first branch: the compiler cannot
+  // sink one load behind a test of the other, so they are in flight together
+  // and the lookup is three dependent loads (batch/position, kv_indptr,
+  // kv_indices), not four.
+  if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
   int64_t begin, end;
-  if (pos < 0 || !t.pages_of(b, begin, end)) return;
+  if (!t.pages_of(b, begin, end)) return;
   int64_t in_request;
-  if (((static_cast<uint64_t>(pos) | static_cast<uint64_t>(t.page_size)) >> 32) == 0) {
-    const uint32_t q = static_cast<uint32_t>(pos) / static_cast<uint32_t>(t.page_size);
-    in_request = q;
-    off = static_cast<int64_t>(static_cast<uint32_t>(pos) - q * static_cast<uint32_t>(t.page_size));
-  } else {
-    uint64_t q, r;
-    divide_slowly(static_cast<uint64_t>(pos), static_cast<uint64_t>(t.page_size), q, r);
-    in_request = static_cast<int64_t>(q);
-    off = static_cast<int64_t>(r);
-  }
+  split(pos, t.page_size, in_request, off);
   // Compared before adding, as in PageTable::slot: no wrapped index.
   if (in_request >= end - begin) return;
   page = t.page_at(begin + in_request);
@@ -140,10 +169,7 @@ struct Rows {
   int64_t off[2][kThreads];
 };
 
-// One block's tokens [first_tok, last_tok). Flat: both streams are one
-// segment per row (NHD, contiguous heads, MLA), so access w of a stream's row
-// is at row + w * sizeof(V); a template parameter, so the per-access code has
-// neither a branch on it nor the segment division.
+// One block's tokens [first_tok, last_tok). Flat: see access_at.
 template <bool Flat, class Idx, class V>
 __device__ __forceinline__ void copy_tokens(const PageTable<Idx>& table, const KParams& p, Rows& rows,
                                             int64_t first_tok, int64_t last_tok) {
@@ -156,11 +182,7 @@ __device__ __forceinline__ void copy_tokens(const PageTable<Idx>& table, const K
     const int64_t tok = first + k;
     const char* row_a = p.a.src + tok * p.a.src_token;
     const char* row_b = p.b.src + tok * p.b.src_token;
-    if (Flat) {
-      const bool in_b = v >= p.a.vecs;
-      return reinterpret_cast<const V*>(in_b ? row_b : row_a) + (in_b ? v - p.a.vecs : v);
-    }
-    return reinterpret_cast<const V*>(segmented<V>(p, v, row_a, row_b, true));
+    return reinterpret_cast<const V*>(access_at<Flat, V>(p, v, row_a, row_b, true));
   };
   // nullptr when the token is skipped. Recomputed at store time rather than
   // kept from the loads, which keeps the kernel within 64 registers.
@@ -174,11 +196,7 @@ __device__ __forceinline__ void copy_tokens(const PageTable<Idx>& table, const K
     // is global and emits STG rather than generic stores.
     char* row_a = p.a.dst + page * p.a.dst_page + off * p.a.dst_token;
     char* row_b = p.b.dst + page * p.b.dst_page + off * p.b.dst_token;
-    if (Flat) {
-      const bool in_b = v >= p.a.vecs;
-      return reinterpret_cast<V*>(in_b ? row_b : row_a) + (in_b ? v - p.a.vecs : v);
-    }
-    return reinterpret_cast<V*>(segmented<V>(p, v, row_a, row_b, false));
+    return reinterpret_cast<V*>(access_at<Flat, V>(p, v, row_a, row_b, false));
   };
 
   // Batch index and position of this thread's token in the next batch:
@@ -252,6 +270,93 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) append_kernel(PageTabl
     copy_tokens<false, Idx, V>(table, p, rows, first_tok, last_tok);
 }
 
+// ---- The rows kernel: one lean launch for small appends, and every slot-mapped one ----
+// A decode step appends one token per request (nnz = the batch, 1-512), so the
+// whole call is a few microseconds of latency: the dependent loads before the
+// first store (batch index and position -> kv_indptr -> kv_indices) and the
+// kernel's own start. This kernel keeps both short: a small body (little to
+// fetch into a cold instruction cache), no shared memory, no barrier, no
+// loop, and a grid that puts every access of the call in flight at once
+// whatever the batch. `lanes` threads share a token and each moves up to
+// kRowsPer of its accesses (u, u + lanes, ...): it issues those source loads
+// first, then the token's lookup (threads of one token read the same index
+// words: one request a warp), then its stores. With a slot mapping the
+// lookup is one load.
+constexpr int kRowsThreads = 256;
+constexpr int kRowsPer = 2;
+constexpr uint32_t kRowsBlock = kRowsThreads * kRowsPer;  // accesses a block moves at most
+
+// A 1-D index tensor whose dtype is a template parameter: no per-read branch
+// on the width (IndexVec's), so the rows kernel's body stays short.
+template <class T>
+struct TypedIndex {
+  const T* data;
+  int64_t stride;
+  __device__ __forceinline__ int64_t at(int64_t i) const { return static_cast<int64_t>(data[i * stride]); }
+};
+
+template <class T>
+TypedIndex<T> typed(const IndexVec& v) {
+  return {static_cast<const T*>(v.data), v.stride};
+}
+
+// Where a token goes, from the page table (Idx: its dtype; Pos: that of
+// batch_indices and positions).
+template <class Idx, class Pos>
+struct ByTable {
+  PageTable<Idx> table;
+  TypedIndex<Pos> batch, pos;
+  __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
+    locate(table, batch.at(tok), pos.at(tok), page, off);
+  }
+};
+
+// Where a token goes, from a slot mapping: a slot < 0 or past the cache
+// (SlotMap::capacity) skips the token.
+template <class S>
+struct BySlot {
+  TypedIndex<S> slots;
+  int64_t page_size, capacity;
+  __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
+    const int64_t s = slots.at(tok);
+    page = -1;
+    off = 0;
+    if (s >= 0 && s < capacity) split(s, page_size, page, off);
+  }
+};
+
+// Block (x, y) moves tokens [x * block_tokens, (x + 1) * block_tokens),
+// accesses [y * kRowsBlock, (y + 1) * kRowsBlock) of their rows: several
+// whole rows a block for short rows (gridDim.y == 1), one chunk of one row
+// for long ones (block_tokens == 1, lanes == kRowsThreads).
+template <class Where, class V, bool Flat>
+__global__ void __launch_bounds__(kRowsThreads) append_rows_kernel(Where where, KParams p) {
+  const uint32_t t = threadIdx.x;
+  const uint32_t kt = divide(p.lane_div, t);  // the token of the block this thread works on
+  const uint32_t u = t - kt * p.lanes;
+  const int64_t tok = static_cast<int64_t>(blockIdx.x) * p.block_tokens + kt;
+  if (kt >= p.block_tokens || tok >= p.nnz) return;
+  const uint32_t v0 = blockIdx.y * kRowsBlock + u;
+  const char* src_a = p.a.src + tok * p.a.src_token;
+  const char* src_b = p.b.src + tok * p.b.src_token;
+  V buf[kRowsPer];
+#pragma unroll
+  for (int k = 0; k < kRowsPer; ++k) {
+    const uint32_t v = v0 + k * p.lanes;
+    if (v < p.vecs) buf[k] = load_once(reinterpret_cast<const V*>(access_at<Flat, V>(p, v, src_a, src_b, true)));
+  }
+  int64_t page, off;
+  where(tok, page, off);  // while the loads are in flight
+  if (page < 0) return;
+  char* dst_a = p.a.dst + page * p.a.dst_page + off * p.a.dst_token;
+  char* dst_b = p.b.dst + page * p.b.dst_page + off * p.b.dst_token;
+#pragma unroll
+  for (int k = 0; k < kRowsPer; ++k) {
+    const uint32_t v = v0 + k * p.lanes;
+    if (v < p.vecs) *reinterpret_cast<V*>(access_at<Flat, V>(p, v, dst_a, dst_b, false)) = buf[k];
+  }
+}
+
 // ---- Fast variants (CUDA only) -------------------------------------------------
 // The two kernel shapes research/append_variants/append_variants.cu measured fastest on an
 // H200 (research/measurements/2026-11-30-2098b67-h200-append-variants.txt), for the row shapes they were
@@ -259,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM) append_kernel(PageTabl
 // assume 32-lane warps and use __shfl_sync/__ballot_sync, and the bulk kernel
 // Hopper's cp.async.bulk, so they are compiled for CUDA only; HIP builds keep
 // the classic kernel. The host picks one from the data (launch_gpu);
-// MLACORE_APPEND_KERNEL=classic forces the classic kernel (read once).
+// kernel_choice() says which runs (MLACORE_APPEND_KERNEL).
 #if defined(MLACORE_GPU_CUDA)
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -699,6 +804,84 @@ KStream kstream(const CopyStream& s, int width) {
           static_cast<uint32_t>(seg_vecs), static_cast<uint32_t>(vecs)};
 }
 
+// MLACORE_APPEND_KERNEL, read once: "classic" runs append_kernel for every
+// page-table append (A/B runs, a fallback in the field), "fast" the fast
+// variants where they apply and never the rows kernel, "rows" the rows kernel
+// for every append; unset or anything else, the rows kernel for appends of
+// at most kRowsMaxBytes and the fast variants (else classic) above that.
+// Slot-mapped appends always run the rows kernel.
+enum class Choice { Auto, Classic, Fast, Rows };
+
+Choice kernel_choice() {
+  static const Choice choice = [] {
+    const char* v = std::getenv("MLACORE_APPEND_KERNEL");
+    if (v == nullptr) return Choice::Auto;
+    if (std::strcmp(v, "classic") == 0) return Choice::Classic;
+    if (std::strcmp(v, "fast") == 0) return Choice::Fast;
+    if (std::strcmp(v, "rows") == 0) return Choice::Rows;
+    return Choice::Auto;
+  }();
+  return choice;
+}
+
+// Source bytes up to which an append runs the rows kernel by default: one
+// wave of it moves them all at once (4 MiB = 2^18 16-byte accesses, about
+// one per resident thread on an H200), where the fast kernels' persistent
+// grids would leave most SMs idle or spend their pipelines' start-up.
+constexpr int64_t kRowsMaxBytes = int64_t{4} << 20;
+
+// Grid and lanes of the rows kernel for `p`; false when the call is past
+// what one launch of it covers (2^31 - 1 blocks of tokens, 65535 chunks of a row).
+bool rows_shape(KParams& p, dim3& grid) {
+  const uint32_t span = p.vecs < kRowsBlock ? p.vecs : kRowsBlock;  // accesses of a row one block moves
+  p.lanes = (span + kRowsPer - 1) / kRowsPer;
+  p.lane_div = fast_div(p.lanes);
+  p.block_tokens = kRowsThreads / p.lanes;
+  const int64_t chunks = (static_cast<int64_t>(p.vecs) + kRowsBlock - 1) / kRowsBlock;
+  const int64_t blocks = (p.nnz + p.block_tokens - 1) / p.block_tokens;
+  if (chunks > 65535 || blocks > 0x7fffffff) return false;
+  grid = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(chunks));
+  return true;
+}
+
+template <class Where, class V, bool Flat>
+void launch_rows(const Where& where, const KParams& p, dim3 grid, gpuStream_t stream) {
+  append_rows_kernel<Where, V, Flat><<<grid, kRowsThreads, 0, stream>>>(where, p);
+  gpu::check_launch("append_rows_kernel");
+}
+
+bool is_flat(const KParams& p) { return p.a.seg_vecs == p.a.vecs && p.b.seg_vecs == p.b.vecs; }
+
+// A page-table append in the rows kernel: 16-byte accesses only (the host
+// sends narrower rows to the classic kernel).
+template <class Idx, class Pos>
+void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParams& p, dim3 grid,
+                       gpuStream_t stream) {
+  const ByTable<Idx, Pos> where{table, typed<Pos>(job.batch), typed<Pos>(job.pos)};
+  if (is_flat(p)) launch_rows<ByTable<Idx, Pos>, uint4, true>(where, p, grid, stream);
+  else launch_rows<ByTable<Idx, Pos>, uint4, false>(where, p, grid, stream);
+}
+
+// batch_indices and positions of one dtype (the host checks).
+template <class Idx>
+void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParams& p, dim3 grid,
+                       gpuStream_t stream) {
+  if (job.batch.is64) launch_rows_table<Idx, int64_t>(table, job, p, grid, stream);
+  else launch_rows_table<Idx, int32_t>(table, job, p, grid, stream);
+}
+
+// A slot-mapped append: rows are one run per stream (concat_and_cache_mla), any access width.
+template <class S>
+void launch_rows_slots(const Job& job, const KParams& p, int width, dim3 grid, gpuStream_t stream) {
+  const BySlot<S> where{typed<S>(job.slot_map.slots), job.slot_map.page_size, job.slot_map.capacity};
+  switch (width) {
+    case 16: return launch_rows<BySlot<S>, uint4, true>(where, p, grid, stream);
+    case 8: return launch_rows<BySlot<S>, uint2, true>(where, p, grid, stream);
+    case 4: return launch_rows<BySlot<S>, unsigned int, true>(where, p, grid, stream);
+    default: return launch_rows<BySlot<S>, unsigned short, true>(where, p, grid, stream);
+  }
+}
+
 template <class Idx, class V>
 void launch(const PageTable<Idx>& table, const KParams& p, unsigned blocks, gpuStream_t stream) {
   append_kernel<Idx, V><<<blocks, kThreads, 0, stream>>>(table, p);
@@ -715,17 +898,6 @@ void launch_width(const PageTable<Idx>& table, const KParams& p, int width, unsi
 }
 
 #if defined(MLACORE_GPU_CUDA)
-// MLACORE_APPEND_KERNEL=classic: the classic kernel for every call (A/B
-// runs, a fallback in the field); unset or anything else, the fast variants
-// where they apply. Read once.
-bool classic_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("MLACORE_APPEND_KERNEL");
-    return v != nullptr && std::strcmp(v, "classic") == 0;
-  }();
-  return forced;
-}
-
 // Whether the cubin the runtime picked for the current device holds sm_90+
 // code for `kernel` (the fast kernels' bodies are compiled for sm_90+ only:
 // what was measured); no image at all counts as none.
@@ -873,10 +1045,30 @@ void launch_gpu(const Job& job, int device, void* stream) {
   p.batch_tokens = fit < 1 ? 1 : fit < static_cast<uint32_t>(kThreads) ? fit : kThreads;
 
   gpu::DeviceGuard guard(device);
+  const Choice choice = kernel_choice();
+  const gpuStream_t s = gpu::as_stream(stream);
+  dim3 grid;
+  if (job.by_slot) {
+    if (!rows_shape(p, grid)) value_error("concat_and_cache_mla: ", p.nnz, " tokens are more than one launch moves");
+    if (!is_flat(p)) runtime_error("concat_and_cache_mla: rows are not one run per source (a dispatch bug)");
+    if (job.slot_map.slots.is64) launch_rows_slots<int64_t>(job, p, width, grid, s);
+    else launch_rows_slots<int32_t>(job, p, width, grid, s);
+    return;
+  }
+  // One lean launch for the appends of a decode step (see append_rows_kernel);
+  // rows narrower than 16-byte accesses, and batch_indices and positions of
+  // two dtypes, keep the classic kernel.
+  const int64_t row_bytes = static_cast<int64_t>(p.vecs) * width;
+  const bool rows_fit = width == 16 && job.batch.is64 == job.pos.is64;
+  if (rows_fit && (choice == Choice::Rows || (choice == Choice::Auto && p.nnz <= kRowsMaxBytes / row_bytes)) &&
+      rows_shape(p, grid)) {
+    if (job.table64) launch_rows_table(job.t64, job, p, grid, s);
+    else launch_rows_table(job.t32, job, p, grid, s);
+    return;
+  }
 #if defined(MLACORE_GPU_CUDA)
-  if (width == 16 && !classic_forced()) {
-    const gpuStream_t fs = gpu::as_stream(stream);
-    if (job.table64 ? launch_fast(job.t64, job, p, device, fs) : launch_fast(job.t32, job, p, device, fs)) return;
+  if (width == 16 && choice != Choice::Classic) {
+    if (job.table64 ? launch_fast(job.t64, job, p, device, s) : launch_fast(job.t32, job, p, device, s)) return;
   }
 #endif
   // Persistent grid: the blocks that are resident at once, each with an equal
@@ -893,7 +1085,6 @@ void launch_gpu(const Job& job, int device, void* stream) {
   const unsigned blocks = static_cast<unsigned>(wanted < cap ? wanted : cap);
   p.share_q = p.nnz / blocks;
   p.share_r = static_cast<uint32_t>(p.nnz % blocks);
-  const gpuStream_t s = gpu::as_stream(stream);
   if (job.table64) launch_width(job.t64, p, width, blocks, s);
   else launch_width(job.t32, p, width, blocks, s);
   gpu::check_launch("append_kernel");

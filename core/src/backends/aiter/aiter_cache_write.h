@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "backends/aiter/aiter_abi.h"
-#include "append/paged_append.h"
+#include "append/append_job.h"
 
 namespace mlacore {
 

@@ -1,0 +1,110 @@
+"""GPU probe of the paged appends (run by tools/append_probe.sh on the H200, mlacore installed).
+
+  python3 tools/append_probe.py kernels          every kernel one call launches at nnz 32, with its duration
+  python3 tools/append_probe.py sweep            device time per call over nnz for the kernel that
+                                                 MLACORE_APPEND_KERNEL picks (set by the caller), with copy_
+                                                 and FlashInfer of the same call beside it
+Prints compact tables (us) on stdout."""
+
+import os
+import statistics
+import sys
+
+import torch
+
+import mlacore
+from mlacore.bench._timing import L2Flush, device_ms
+from mlacore.bench.append import HEADS, HEAD_DIM, Problem
+
+DEV = "cuda"
+
+
+def _fi():
+    try:
+        import flashinfer
+
+        return flashinfer
+    except Exception:  # noqa: BLE001 (the probe goes on without it)
+        return None
+
+
+def calls(nnz, page_size, fi, order="scrambled"):
+    """name -> callable for one point: the three mlacore ops and their FlashInfer counterparts."""
+    gen = torch.Generator().manual_seed(nnz + page_size)
+    p = Problem(nnz, page_size, DEV, False, gen, order)
+    src, ckv, kpe, buf = p.mla()
+    a, b = src[:, :512], src[:, 512:]
+    key, value, cache = p.mha()
+    idx, tab, slots = p.index_args(), p.table_args(), p.slot_mapping
+    out = {
+        "mla": lambda: mlacore.append_paged_mla_kv_cache(a, b, *idx, ckv, kpe, *tab),
+        "mha": lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab),
+        "concat": lambda: mlacore.concat_and_cache_mla(a, b, buf, slots, "auto", None),
+    }
+    if fi is not None:
+        out["fi_mla"] = lambda: fi.page.append_paged_mla_kv_cache(a, b, *idx, ckv, kpe, *tab)
+        out["fi_mha"] = lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab, kv_layout="NHD")
+    mla_src = torch.empty(nnz * 576, dtype=torch.bfloat16, device=DEV)
+    mla_dst = torch.empty_like(mla_src)
+    mha_src = torch.empty(2 * nnz * HEADS * HEAD_DIM, dtype=torch.bfloat16, device=DEV)
+    mha_dst = torch.empty_like(mha_src)
+    out["copy_mla"] = lambda: mla_dst.copy_(mla_src)
+    out["copy_mha"] = lambda: mha_dst.copy_(mha_src)
+    out["_keep"] = (p, src, ckv, kpe, buf, key, value, cache, mla_src, mla_dst, mha_src, mha_dst)
+    return out
+
+
+def kernels():
+    """torch.profiler: every kernel (and memcpy/memset) one call launches, with its device time."""
+    fi = _fi()
+    print(f"MLACORE_APPEND_KERNEL={os.environ.get('MLACORE_APPEND_KERNEL', '(unset)')}")
+    print(f"{'op':<10} {'page':>4}  {'kernels per call: name x count, mean device us':<}")
+    flush = L2Flush(DEV)
+    for page_size in (1, 16, 64):
+        cs = calls(32, page_size, fi)
+        for name in ("mla", "mha", "concat", "fi_mla", "fi_mha", "copy_mla"):
+            if name not in cs:
+                continue
+            fn = cs[name]
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            n = 50
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    flush()
+                    fn()
+                torch.cuda.synchronize()
+            per = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in e.name and "fill" not in e.name.lower():
+                    per.setdefault(e.name, []).append(e.time_range.elapsed_us())
+            desc = "; ".join(f"{k[:60]} x{len(v) / n:g} {statistics.median(v):.2f}us" for k, v in per.items())
+            print(f"{name:<10} {page_size:>4}  {desc}")
+            # CUDA events around the call, as the bench measures it.
+            ms = device_ms(fn, repeats=50, flush=flush)
+            print(f"{'':<10} {'':>4}  events: {ms * 1e3:.2f} us per call")
+
+
+def sweep():
+    fi = _fi()
+    flush = L2Flush(DEV)
+    sizes = [int(x) for x in os.environ.get("PROBE_SIZES", "1,32,512,1024,2048,4096,16384,65536").split(",")]
+    choice = os.environ.get("MLACORE_APPEND_KERNEL", "auto")
+    names = ["mla", "mha", "concat"] + (["fi_mla", "fi_mha"] if fi is not None else []) + ["copy_mla", "copy_mha"]
+    for page_size in (1, 16):
+        print(f"== device us per call, MLACORE_APPEND_KERNEL={choice}, page {page_size}, scrambled pages")
+        print(f"{'nnz':>6} " + " ".join(f"{n:>9}" for n in names) + "   mla/copy  mla/fi  mha/copy  mha/fi")
+        for nnz in sizes:
+            cs = calls(nnz, page_size, fi)
+            us = {n: device_ms(cs[n], repeats=30, flush=flush) * 1e3 for n in names}
+            ratios = [us["mla"] / us["copy_mla"], us["mla"] / us.get("fi_mla", float("nan")),
+                      us["mha"] / us["copy_mha"], us["mha"] / us.get("fi_mha", float("nan"))]
+            print(f"{nnz:>6} " + " ".join(f"{us[n]:>9.2f}" for n in names) + "   "
+                  + "  ".join(f"{r:7.3f}" for r in ratios))
+            del cs
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    {"kernels": kernels, "sweep": sweep}[sys.argv[1]]()
