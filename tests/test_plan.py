@@ -829,3 +829,71 @@ def test_gpu_blocking_launches_still_exchange():
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+# --- the balanced split (tests/_schedule.py, docs/design/2026-12-03-balanced-schedule.md) ---
+
+BALANCED_BATCHES = [
+    ("one long request", [65536], 66),
+    ("bar shape", [32768] * 8, 66),
+    ("many short", [1024] * 128, 66),
+    ("ragged", [random.Random(32).randint(1, 16384) for _ in range(32)], 66),
+    ("ragged with empties", [0, 5, 0, 70000, 3, 0, 640, 64, 65], 7),
+    ("more parts than tiles", [64, 1], 132),
+    ("all empty", [0, 0, 0], 4),
+]
+
+
+@pytest.mark.parametrize("name,lens,num_parts", BALANCED_BATCHES, ids=[b[0] for b in BALANCED_BATCHES])
+def test_balanced_parts_cover_every_tile_once_within_the_payload(name, lens, num_parts):
+    from _schedule import balanced_parts
+
+    tiles = [cdiv(n, TILE) for n in lens]
+    parts = balanced_parts(tiles, num_parts, FIXED)
+    assert len(parts) == num_parts
+    payload = cdiv(sum(k + FIXED for k in tiles), num_parts) + FIXED
+    nxt = [0] * len(tiles)
+    pieces = 0
+    for part in parts:
+        # A list's cost: its tiles plus a fixed cost a piece, never over the payload.
+        assert sum(t1 - t0 + FIXED for _, t0, t1 in part) <= payload
+        for b, t0, t1 in part:
+            assert t0 == nxt[b] and t0 <= t1 <= tiles[b] and (t1 > t0 or tiles[b] == 0)
+            nxt[b] = t1 if tiles[b] else -1  # an empty request: exactly one (empty) piece
+            pieces += 1
+    assert nxt == [k if k else -1 for k in tiles], "every tile in exactly one piece, in order"
+    # Each list boundary cuts at most one request: today's default_max_work holds the pieces.
+    assert pieces <= len(tiles) + num_parts - 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+@pytest.mark.parametrize("heads,qo_lens,kv_lens,page_size,num_sms", [
+    (16, [1] * 5, [300, 64, 0, 1000, 129], 16, 6),
+    (128, [1] * 3, [2000, 7, 650], 1, 6),
+    (16, [2, 1, 3], [520, 90, 333], 64, 3),
+])
+def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, kv_lens, page_size, num_sms):
+    # The balanced split laid out as today's schedule (pieces as work items, several requests' pieces
+    # in one list, one request's pieces over several lists) gives the planned decode's results.
+    from _schedule import balanced_schedule
+    from test_decode import check, make_batch, run_wrapper
+    from mlacore import _decode
+
+    d = make_batch(kv_lens, qo_lens, page_size, heads, torch.bfloat16, device, seed=5)
+    md, max_batch, max_work, max_qo, parts = balanced_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size,
+                                                               heads, num_sms=num_sms)
+    assert md[1] > 0, "the lists cut at least one request: the combine runs"
+    assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
+    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
+    sm_scale = 0.1
+    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
+                        d["kv_len"], md.to(device), ws, out, lse, max_batch, max_work, max_qo, max_work, page_size,
+                        sm_scale, True)
+    check(d, out, lse, sm_scale, True, what="balanced schedule")
+    (planned, planned_lse), _ = run_wrapper(d, causal=True, sm_scale=sm_scale)
+    assert (out.float() - planned.float()).abs().max().item() <= 2e-2
+    fin = torch.isfinite(planned_lse)
+    assert torch.equal(torch.isfinite(lse), fin)  # -inf exactly where a request has no KV
+    assert (lse[fin] - planned_lse[fin]).abs().max().item() <= 2e-3
