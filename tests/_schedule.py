@@ -74,7 +74,7 @@ def balanced_parts(kv_tiles, num_parts, fixed_tiles=5):
     list takes whole requests while they fit its payload and cuts the next one where the
     payload ends, so a long request spans several lists and short ones share one.
 
-    Every list holds at most ceil(sum(tiles + fixed) / num_parts) + fixed of cost, every
+    Every list holds at most max(ceil(sum(tiles + fixed) / num_parts) + fixed, 2 fixed) of cost, every
     tile lands in exactly one piece, and there are at most len(kv_tiles) + num_parts - 1
     pieces (each list boundary cuts at most one request), so the pieces fit today's
     default_max_work. An empty request gets one empty piece (the kernel writes zeros and
@@ -82,7 +82,8 @@ def balanced_parts(kv_tiles, num_parts, fixed_tiles=5):
     """
     B = len(kv_tiles)
     total = sum(k + fixed_tiles for k in kv_tiles)
-    payload = -(-total // max(num_parts, 1)) + fixed_tiles
+    # At least two fixed costs, as FlashMLA: a list always has room for a piece with tiles.
+    payload = max(-(-total // max(num_parts, 1)) + fixed_tiles, 2 * fixed_tiles)
     parts, b, t = [], 0, 0
     for _ in range(max(num_parts, 1)):
         part, remain = [], payload

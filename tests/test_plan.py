@@ -851,7 +851,7 @@ def test_balanced_parts_cover_every_tile_once_within_the_payload(name, lens, num
     tiles = [cdiv(n, TILE) for n in lens]
     parts = balanced_parts(tiles, num_parts, FIXED)
     assert len(parts) == num_parts
-    payload = cdiv(sum(k + FIXED for k in tiles), num_parts) + FIXED
+    payload = max(cdiv(sum(k + FIXED for k in tiles), num_parts) + FIXED, 2 * FIXED)
     nxt = [0] * len(tiles)
     pieces = 0
     for part in parts:
