@@ -17,7 +17,7 @@ the floor at the bar shapes.
 `--shapes` picks rows: a comma-separated list of tag sets joined by '+', a row
 kept when every tag of one set is among its tags: its group (bar, long, large,
 ragged, multi), h<heads> and p<page>. `--shapes bar+h128,ragged` runs the bar
-shapes at heads 128 and every ragged row. On an H200 the whole grid (47 rows,
+shapes at heads 128 and every ragged row. On an H200 the whole grid (51 rows,
 3 rounds of 20 calls a contender, about 0.1 s a measurement) is estimated at
 1.5-2 minutes with fa3 and FlashMLA both present, set-up, floors and the naive
 baseline included (plus FlashInfer's JIT compilation where its cache is cold).
@@ -68,6 +68,7 @@ def full_grid():
         for page in (1, 64):
             rows.append(_ragged(32, 1, 16384, heads, page, seed=32))
             rows.append(_ragged(96, 1, 4096, heads, page, seed=96))
+            rows.append(_ragged(256, 1, 2048, heads, page, seed=256))
     for heads in (16, 128):
         rows += [Shape("multi", 16, 8192, heads, 64, qo) for qo in (2, 4)]
     rows.append(Shape("multi", 16, 8192, 128, 1, 2))

@@ -19,6 +19,15 @@ def _layout(max_batch, max_work):
     return last_page_len, split_indptr, work, work + 4 * max_work
 
 
+def _capacity(batch, items, max_batch, max_work):
+    """(max_batch, max_work): the given ones, checked, or the least that hold the batch."""
+    max_batch = max(batch, 1) if max_batch is None else max_batch
+    max_work = max(items, 1) if max_work is None else max_work
+    if max_batch < batch or max_work < items:
+        raise ValueError(f"capacity too small: batch {batch} > {max_batch} or work {items} > {max_work}")
+    return max_batch, max_work
+
+
 def host_schedule(qo_indptr, kv_len, page_size, num_heads, max_batch=None, max_work=None, chunk_tokens=None,
                    num_sms=132):
     """A plain host schedule in the layout of decode_schedule.h, int32 on the CPU.
@@ -38,10 +47,7 @@ def host_schedule(qo_indptr, kv_len, page_size, num_heads, max_batch=None, max_w
     if chunk_tokens <= 0 or chunk_tokens % _TILE_TOKENS:
         raise ValueError(f"chunk_tokens: expected a positive multiple of {_TILE_TOKENS}, got {chunk_tokens}")
     splits = [max(1, -(-n // chunk_tokens)) for n in lens]
-    max_batch = max(batch, 1) if max_batch is None else max_batch
-    max_work = max(sum(splits), 1) if max_work is None else max_work
-    if max_batch < batch or max_work < sum(splits):
-        raise ValueError(f"capacity too small: batch {batch} > {max_batch} or work {sum(splits)} > {max_work}")
+    max_batch, max_work = _capacity(batch, sum(splits), max_batch, max_work)
     lpl_off, split_off, work_off, total = _layout(max_batch, max_work)
     md = [0] * total
     items, partials = [], 0
@@ -121,10 +127,7 @@ def balanced_schedule(qo_indptr, kv_len, page_size, num_heads, num_sms=132, max_
     count = [0] * batch
     for b, _, _ in pieces:
         count[b] += 1
-    max_batch = max(batch, 1) if max_batch is None else max_batch
-    max_work = max(len(pieces), 1) if max_work is None else max_work
-    if max_batch < batch or max_work < len(pieces):
-        raise ValueError(f"capacity too small: batch {batch} > {max_batch} or work {len(pieces)} > {max_work}")
+    max_batch, max_work = _capacity(batch, len(pieces), max_batch, max_work)
     lpl_off, split_off, work_off, total = _layout(max_batch, max_work)
     md = [0] * total
     first, partials = [0] * batch, 0

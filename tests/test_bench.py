@@ -96,7 +96,7 @@ def test_attn_grid_selection_ragged_lengths_and_flops():
     assert attn.select(full, "") == full
     picked = attn.select(full, "bar+h128+p64,ragged+h16")
     assert {(s.group, s.heads) for s in picked} == {("bar", 128), ("ragged", 16)}
-    assert all(s.page == 64 for s in picked if s.group == "bar") and len(picked) == 3 + 2 * 2
+    assert all(s.page == 64 for s in picked if s.group == "bar") and len(picked) == 3 + 3 * 2
     with pytest.raises(ValueError, match="unknown tag"):
         attn.select(full, "nonsense")
 
