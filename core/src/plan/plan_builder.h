@@ -14,6 +14,9 @@
 // per request and candidate cost 4-5 us at batch 256 on the CI machine. With device inputs
 // the exchange kernel runs all three phases and hands the host only its verdict, so the
 // host's part does not grow with the batch (it reads the inputs only to word a rejection).
+// The environment variable MLACORE_SCHEDULE, read when a plan is created, is a tuning knob
+// for the order of the work items: request order (legacy, the default) or longest first
+// (place_longest_first()); the split itself is the same.
 #pragma once
 
 #include <cstddef>
@@ -512,12 +515,8 @@ MLACORE_HD void place_longest_first(const Exec& ex, const ScheduleInputs& in, co
 // plan. Requests are visited in rounds of nthreads so the prefix sums that
 // place each request's work items carry from round to round.
 template <class Exec>
-MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
-                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
-  if (in.longest_first) {
-    place_longest_first(ex, in, layout, starts_ok, t, chunk, meta);
-    return;
-  }
+MLACORE_HD void place_request_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                    bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t tid = ex.tid(), nth = ex.nthreads();
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
@@ -556,13 +555,45 @@ MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const S
   finish_schedule(ex, in, layout, starts_ok, t, chunk_tokens, carry & 0xffffffffLL, carry >> 32, meta);
 }
 
+// The placement of in.longest_first's order, fixed at compile time: the GPU
+// kernels are instantiated once per order, so request order (the default)
+// compiles to exactly its own code (the longest-first pass's class arrays
+// would otherwise cost the latency-bound exchange kernel registers and stack).
+template <bool kLongestFirst, class Exec>
+MLACORE_HD void place_in_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  if constexpr (kLongestFirst)
+    place_longest_first(ex, in, layout, starts_ok, t, chunk, meta);
+  else
+    place_request_order(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
+// Either placement, as in.longest_first says (the host's entry).
 template <class Exec>
-MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
-                               int32_t* meta) {
+MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  if (in.longest_first)
+    place_in_order<true>(ex, in, layout, starts_ok, t, chunk, meta);
+  else
+    place_in_order<false>(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
+template <bool kLongestFirst, class Exec>
+MLACORE_HD void build_schedule_in_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                        int32_t* meta) {
   const bool starts_ok = schedule_starts_ok(in);
   const ScheduleTotals t = schedule_totals(ex, in, starts_ok);
   const int64_t chunk = schedule_chunk_tiles(ex, in, starts_ok, t, layout.max_work);
-  place_schedule(ex, in, layout, starts_ok, t, chunk, meta);
+  place_in_order<kLongestFirst>(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
+template <class Exec>
+MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               int32_t* meta) {
+  if (in.longest_first)
+    build_schedule_in_order<true>(ex, in, layout, meta);
+  else
+    build_schedule_in_order<false>(ex, in, layout, meta);
 }
 
 // ---- the plan object behind the C ABI (plan_builder.cpp) ----
