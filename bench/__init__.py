@@ -37,6 +37,7 @@ class Context:
         self.full = self.gpu if args.size == "auto" else args.size == "full"
         self.separate = args.separate
         self.repeats = args.repeats
+        self.shapes = args.shapes
 
 
 def main(argv=None) -> int:
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     parser.add_argument("--separate", action="store_true",
                         help="allocate ckv and kpe separately (the non-adjacent layout that forces a copy)")
     parser.add_argument("--repeats", type=int, default=0, help="timed repetitions (0: per mode default)")
+    parser.add_argument("--shapes", default="",
+                        help="attn rows to run: comma-separated tag sets joined by '+', tags being a group "
+                             "(bar, long, large, ragged, multi), h<heads> and p<page>; e.g. bar+h128,ragged")
     parser.add_argument("--json", metavar="PATH", help="write every figure and the machine description here")
     parser.add_argument("--plot", metavar="DIR", help="write one PNG per mode here (needs matplotlib)")
     parser.add_argument("--from-json", metavar="PATH",

@@ -2,6 +2,7 @@
 with scrambled pages, the mlacore wrapper, and the baselines."""
 
 import math
+import statistics
 
 import torch
 
@@ -20,6 +21,20 @@ def timer(ctx, repeats):
     return lambda fn: cpu_ms(fn, repeats=max(3, repeats // 5))
 
 
+def alternating(measure, fns, rounds):
+    """Medians of `measure(fn)` for several callables whose ratios are the point, in
+    `rounds` alternating rounds (the order rotating by round), so drift of the
+    machine between rounds (clocks, temperature) hits all of them alike: the
+    median over rounds of each one's per-round median. None entries give NaN."""
+    live = [i for i, fn in enumerate(fns) if fn is not None]
+    per = {i: [] for i in live}
+    for r in range(rounds):
+        for k in range(len(live)):
+            i = live[(k + r) % len(live)]
+            per[i].append(measure(fns[i]))
+    return [statistics.median(per[i]) if i in per else float("nan") for i in range(len(fns))]
+
+
 def make_cache(num_pages, page_size, dtype, device, separate):
     """ckv [P,S,512], kpe [P,S,64]: halves of one [P,S,576] buffer, or two allocations."""
     if separate:
@@ -31,18 +46,26 @@ def make_cache(num_pages, page_size, dtype, device, separate):
     return torch.split(buf, [512, 64], dim=-1)
 
 
-def make_indices(batch, kv, qo, page_size, num_pages, device, seed=0):
-    """Uniform batch, each request's pages drawn without repetition from the pool at random."""
+def make_indices(batch, kv, qo, page_size, num_pages, device, seed=0, lens=None):
+    """Each request's pages drawn without repetition from the pool at random.
+    Uniform lengths `kv`, or per-request `lens` (a ragged batch)."""
     g = torch.Generator().manual_seed(seed)
-    per = -(-kv // page_size)
-    need = batch * per
+    lens = [kv] * batch if lens is None else list(lens)
+    pages = [-(-n // page_size) for n in lens]
+    need = sum(pages)
     if need > num_pages:
         raise ValueError(f"pool of {num_pages} pages cannot hold {need}")
     kv_indices = torch.randperm(num_pages, generator=g)[:need].to(torch.int32)
-    kv_indptr = torch.arange(batch + 1, dtype=torch.int32) * per
-    qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * qo
-    kv_len = torch.full((batch,), kv, dtype=torch.int32)
+    kv_indptr = torch.tensor([0] + pages, dtype=torch.int64).cumsum(0).to(torch.int32)
+    qo_indptr = torch.arange(len(lens) + 1, dtype=torch.int32) * qo
+    kv_len = torch.tensor(lens, dtype=torch.int32)
     return [t.to(device) for t in (qo_indptr, kv_indptr, kv_indices, kv_len)]
+
+
+def ragged_lens(batch, lo, hi, seed):
+    """`batch` KV lengths drawn uniformly from [lo, hi], seeded (the same batch every run)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (batch,), generator=g).tolist()
 
 
 def make_wrapper(ctx, idx, heads, page_size, dtype, causal=False):
@@ -54,14 +77,25 @@ def make_wrapper(ctx, idx, heads, page_size, dtype, causal=False):
 
 class DecodeCase:
     """One decode shape ready to time: the cache (halves of one buffer, or two
-    allocations with --separate), scrambled pages, q, and a planned wrapper."""
+    allocations with --separate), scrambled pages, q, and a planned wrapper.
+    `lens` gives a ragged batch (else `batch` requests of `kv` tokens), `qo`
+    query tokens per request (causal when `causal`)."""
 
-    def __init__(self, ctx, batch, kv, heads, page_size, num_pages, dtype):
-        self.ckv, self.kpe = make_cache(num_pages, page_size, dtype, ctx.device, ctx.separate)
-        self.idx = make_indices(batch, kv, 1, page_size, num_pages, ctx.device)
-        self.q_nope = torch.randn(batch, heads, 512, device=ctx.device).to(dtype)
-        self.q_pe = torch.randn(batch, heads, 64, device=ctx.device).to(dtype)
-        self.wrapper = make_wrapper(ctx, self.idx, heads, page_size, dtype)
+    def __init__(self, ctx, batch, kv, heads, page_size, num_pages, dtype, lens=None, qo=1, causal=False):
+        self.lens = [kv] * batch if lens is None else list(lens)
+        self.qo, self.causal, self.heads, self.page_size = qo, causal, heads, page_size
+        self.buf = None
+        if ctx.separate:
+            self.ckv, self.kpe = make_cache(num_pages, page_size, dtype, ctx.device, True)
+        else:
+            self.buf = torch.empty(num_pages, page_size, 576, dtype=dtype, device=ctx.device)
+            self.buf.normal_()
+            self.ckv, self.kpe = torch.split(self.buf, [512, 64], dim=-1)
+        self.idx = make_indices(len(self.lens), kv, qo, page_size, num_pages, ctx.device, lens=self.lens)
+        total_q = len(self.lens) * qo
+        self.q_nope = torch.randn(total_q, heads, 512, device=ctx.device).to(dtype)
+        self.q_pe = torch.randn(total_q, heads, 64, device=ctx.device).to(dtype)
+        self.wrapper = make_wrapper(ctx, self.idx, heads, page_size, dtype, causal)
         self.out = torch.empty_like(self.q_nope)
 
     def run(self):
@@ -80,6 +114,15 @@ def kv_bytes(batch, kv, itemsize=2):
 
 def flops(batch, kv, heads, qo):
     return 2.0 * batch * heads * qo * kv * (576 + 512)
+
+
+def flops_of(lens, heads, qo, causal):
+    """FLOPs of a (ragged) batch: 2 * heads * (576 + 512) per visible (query, key) pair;
+    with `causal`, query token t of a request of n keys sees n - qo + t + 1 of them."""
+    pairs = 0
+    for n in lens:
+        pairs += sum(max(min(n - qo + t + 1, n), 0) for t in range(qo)) if causal else qo * n
+    return 2.0 * heads * pairs * (576 + 512)
 
 
 def floor_ms(ctx, nbytes, dtype, measure):
@@ -107,7 +150,7 @@ def naive_decode(q_nope, q_pe, ckv, kpe, idx, page_size):
     return torch.bmm(p, kc).view(batch * qo, H, 512)
 
 
-def flashinfer_runner(ctx, idx, heads, page_size, dtype, q_nope, q_pe, ckv, kpe):
+def flashinfer_runner(ctx, idx, heads, page_size, dtype, q_nope, q_pe, ckv, kpe, causal=False):
     """A callable running FlashInfer's fa3 MLA on the same inputs, or (None, why not)."""
     if not ctx.gpu:
         return None, "CPU run"
@@ -117,10 +160,52 @@ def flashinfer_runner(ctx, idx, heads, page_size, dtype, q_nope, q_pe, ckv, kpe)
 
         ws = torch.empty(512 << 20, dtype=torch.uint8, device=ctx.device)
         w = FiWrapper(ws, backend="fa3")
-        w.plan(*idx, heads, 512, 64, page_size, False, SM_SCALE, dtype, dtype)
+        w.plan(*idx, heads, 512, 64, page_size, causal, SM_SCALE, dtype, dtype)
         out = torch.empty_like(q_nope)
         fn = lambda: w.run(q_nope, q_pe, ckv, kpe, out=out)
         fn()
         return fn, None
     except Exception as e:  # noqa: BLE001  (report any failure, never fail the bench)
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+
+
+def flashmla_runner(ctx, case):
+    """A callable running FlashMLA (deepseek-ai/FlashMLA's `flash_mla` package, when
+    importable) on the same cache, or (None, why not). FlashMLA reads a [blocks, 64, 1,
+    576] cache and a [batch, s_q, heads, 576] query: the cache is the same buffer viewed
+    so (page size 64, ckv/kpe adjacent); the query is concatenated once, outside the
+    timed call, as an engine calling FlashMLA would hold it. Its scheduler metadata is
+    computed once, outside the timed call too (mlacore's plan and fa3's plan are as well)."""
+    if not ctx.gpu:
+        return None, "FlashMLA not measured: CPU run"
+    if case.page_size != 64:
+        return None, None  # FlashMLA runs page size 64 only: no column, no note
+    if case.buf is None:
+        return None, "FlashMLA not measured: --separate caches are not one [blocks, 64, 1, 576] buffer"
+    try:
+        import flash_mla  # noqa: F401  (optional: never required)
+    except Exception as e:  # noqa: BLE001
+        return None, f"FlashMLA not measured: import flash_mla failed ({type(e).__name__})"
+    try:
+        _, kv_indptr, kv_indices, kv_len = case.idx
+        batch, qo, heads = len(case.lens), case.qo, case.heads
+        per = [int(x) for x in (kv_indptr[1:] - kv_indptr[:-1]).tolist()]
+        width = max(per + [1])
+        table = torch.zeros(batch, width, dtype=torch.int32, device=ctx.device)
+        starts = kv_indptr[:-1].tolist()
+        for b in range(batch):
+            table[b, : per[b]] = kv_indices[starts[b]: starts[b] + per[b]]
+        seqlens = kv_len.to(torch.int32).contiguous()
+        q = torch.cat([case.q_nope, case.q_pe], dim=-1).view(batch, qo, heads, 576).contiguous()
+        k = case.buf.view(case.buf.shape[0], 64, 1, 576)
+        meta, splits = flash_mla.get_mla_metadata(seqlens, qo * heads, 1)
+        fn = lambda: flash_mla.flash_mla_with_kvcache(q, k, table, seqlens, 512, meta, splits, SM_SCALE, case.causal)
+        out, _ = fn()
+        # A wrong column is worse than none: its output must match mlacore's.
+        case.run()
+        err = (out.reshape(case.out.shape).float() - case.out.float()).abs().max().item()
+        if not err < 5e-2:
+            return None, f"FlashMLA not measured: its output differs from mlacore's by {err:.3g}"
+        return fn, None
+    except Exception as e:  # noqa: BLE001  (report any failure, never fail the bench)
+        return None, f"FlashMLA not measured: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"

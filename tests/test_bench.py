@@ -43,3 +43,68 @@ def test_bench_plots_from_json_when_matplotlib_is_there(tmp_path):
 def test_bench_rejects_an_unknown_mode():
     res = bench("--mode", "nonsense")
     assert res.returncode != 0 and "invalid choice" in res.stderr
+
+
+def test_attn_mode_runs_every_group_on_the_cpu(tmp_path):
+    # The CPU grid: one or two rows of each group (bar, long, ragged, multi), mlacore timed against the
+    # floor; fa3 and FlashMLA are GPU-only columns, NaN here, and the notes say why.
+    out = tmp_path / "attn.json"
+    res = bench("--mode", "attn", "--device", "cpu", "--repeats", "3", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    (table,) = [t for t in json.loads(out.read_text())["tables"] if t["mode"] == "attn"]
+    col = {c: i for i, c in enumerate(table["columns"])}
+    for name in ("group", "kv_len", "qo", "mlacore ms", "x floor", "x fa3", "x FlashMLA", "FlashMLA ms"):
+        assert name in col
+    rows = table["rows"]
+    assert {r[col["group"]] for r in rows} == {"bar", "long", "ragged", "multi"}
+    assert all(r[col["mlacore ms"]] > 0 and r[col["floor ms"]] > 0 for r in rows)
+    assert all(r[col["x fa3"]] is None or r[col["x fa3"]] != r[col["x fa3"]] for r in rows)  # NaN: no fa3 on a CPU
+    ragged = [r for r in rows if r[col["group"]] == "ragged"]
+    assert ragged and all(".." in r[col["kv_len"]] for r in ragged)
+    assert {r[col["qo"]] for r in rows if r[col["group"]] == "multi"} >= {2}
+    assert any("fa3 not measured: CPU run" in n for n in table["notes"])
+    assert any("FlashMLA not measured: CPU run" in n for n in table["notes"])
+
+    picked = tmp_path / "picked.json"
+    only = bench("--mode", "attn", "--device", "cpu", "--repeats", "3", "--shapes", "ragged+h16,multi+h16",
+                 "--json", str(picked))
+    assert only.returncode == 0, only.stderr
+    (table,) = json.loads(picked.read_text())["tables"]
+    assert sorted((r[col["group"]], r[col["heads"]]) for r in table["rows"]) == [("multi", 16), ("ragged", 16)]
+
+
+def test_attn_grid_selection_ragged_lengths_and_flops():
+    from mlacore.bench import _mla, attn
+
+    full = attn.full_grid()
+    groups = {s.group for s in full}
+    assert groups == {"bar", "long", "large", "ragged", "multi"}
+    # The bar shapes at both head counts and every page size; FlashMLA's page size among them.
+    bar = {(s.batch, s.kv, s.heads, s.page) for s in full if s.group == "bar"}
+    assert bar == {(b, kv, h, p) for b, kv in ((8, 32768), (32, 8192), (32, 32768)) for h in (16, 128)
+                   for p in (1, 16, 64)}
+    assert {(s.batch, s.kv) for s in full if s.group == "long"} == {(1, 4096), (1, 65536)}
+    assert {(s.batch, s.kv) for s in full if s.group == "large"} == {(128, 1024), (256, 2048)}
+    assert {s.qo for s in full if s.group == "multi"} == {2, 4} and all(s.causal for s in full if s.qo > 1)
+    for s in full:
+        if s.group == "ragged":
+            assert len(s.lens) == s.batch and min(s.lens) >= 1 and max(s.lens) <= int(s.kv.split("..")[1])
+            assert len(set(s.lens)) > s.batch // 2  # spread, not one length
+    # Seeded: the same batch every run.
+    assert [s.lens for s in attn.full_grid() if s.group == "ragged"] == [s.lens for s in full if s.group == "ragged"]
+
+    assert attn.select(full, "") == full
+    picked = attn.select(full, "bar+h128+p64,ragged+h16")
+    assert {(s.group, s.heads) for s in picked} == {("bar", 128), ("ragged", 16)}
+    assert all(s.page == 64 for s in picked if s.group == "bar") and len(picked) == 3 + 3 * 2
+    with pytest.raises(ValueError, match="unknown tag"):
+        attn.select(full, "nonsense")
+
+    # Ragged page tables: each request gets ceil(len / page) distinct pages of the pool.
+    qo, kv_indptr, kv_indices, kv_len = _mla.make_indices(3, 0, 2, 16, 100, "cpu", lens=[1, 40, 33])
+    assert kv_indptr.tolist() == [0, 1, 4, 7] and kv_len.tolist() == [1, 40, 33] and qo.tolist() == [0, 2, 4, 6]
+    assert len(set(kv_indices.tolist())) == 7
+    # FLOPs: every visible (query, key) pair; causal query t of n keys sees n - qo + t + 1.
+    assert _mla.flops_of([10], 1, 1, False) == 2 * 10 * 1088
+    assert _mla.flops_of([10, 4], 2, 3, True) == 2 * 2 * 1088 * ((8 + 9 + 10) + (2 + 3 + 4))
+    assert _mla.flops_of([100] * 4, 128, 1, False) == _mla.flops(4, 100, 128, 1)

@@ -28,9 +28,16 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0):
+def lpt_class(tiles, chunk):
+    """An item's length class for the longest-first order: octaves below the chunk, 15 the last."""
+    return min(chunk.bit_length() - tiles.bit_length(), 15)
+
+
+def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0,
+              longest_first=False):
     """The schedule of plan_builder.h, written again from its description (with the workspace's
-    partial budget of MlaPlan.set_partial_budget when partial_rows > 0)."""
+    partial budget of MlaPlan.set_partial_budget when partial_rows > 0); with `longest_first`,
+    the work items ordered by length class (longest first), each class in request order."""
     B = len(kv_len)
     shapes = []
     for b in range(B):
@@ -82,6 +89,8 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
         for i in range(n):
             items.append([b, i * ct, min((i + 1) * ct, s["kv_len"]), parts + i if n > 1 else -1])
         parts += n if n > 1 else 0
+    if longest_first:
+        items.sort(key=lambda it: lpt_class(cdiv(it[2] - it[1], TILE), chunk))  # stable: request order within
     header = [len(items), parts, B, max([s["qo_len"] for s in shapes], default=0),
               max(kv_len, default=0), ct, qo[B], 0]
     lpl = [s["last"] for s in shapes] + [0] * (max_batch - B)
@@ -940,3 +949,157 @@ def test_128_mib_serves_uniform_engine_shapes_without_capping():
     plan.set_partial_budget(rows)
     plan.build(qo, kv, kv_len, 1, 128)
     assert plan.info.num_partials * 4 * 128 * 2052 <= 128 << 20
+
+
+# --- the balanced split (tests/_schedule.py, docs/design/2026-12-03-balanced-schedule.md) ---
+
+BALANCED_BATCHES = [
+    ("one long request", [65536], 66),
+    ("bar shape", [32768] * 8, 66),
+    ("many short", [1024] * 128, 66),
+    ("ragged", [random.Random(32).randint(1, 16384) for _ in range(32)], 66),
+    ("ragged with empties", [0, 5, 0, 70000, 3, 0, 640, 64, 65], 7),
+    ("more parts than tiles", [64, 1], 132),
+    ("all empty", [0, 0, 0], 4),
+]
+
+
+@pytest.mark.parametrize("name,lens,num_parts", BALANCED_BATCHES, ids=[b[0] for b in BALANCED_BATCHES])
+def test_balanced_parts_cover_every_tile_once_within_the_payload(name, lens, num_parts):
+    from _schedule import balanced_parts
+
+    tiles = [cdiv(n, TILE) for n in lens]
+    parts = balanced_parts(tiles, num_parts, FIXED)
+    assert len(parts) == num_parts
+    payload = max(cdiv(sum(k + FIXED for k in tiles), num_parts) + FIXED, 2 * FIXED)
+    nxt = [0] * len(tiles)
+    pieces = 0
+    for part in parts:
+        # A list's cost: its tiles plus a fixed cost a piece, never over the payload.
+        assert sum(t1 - t0 + FIXED for _, t0, t1 in part) <= payload
+        for b, t0, t1 in part:
+            assert t0 == nxt[b] and t0 <= t1 <= tiles[b] and (t1 > t0 or tiles[b] == 0)
+            nxt[b] = t1 if tiles[b] else -1  # an empty request: exactly one (empty) piece
+            pieces += 1
+    assert nxt == [k if k else -1 for k in tiles], "every tile in exactly one piece, in order"
+    # Each list boundary cuts at most one request: today's default_max_work holds the pieces.
+    assert pieces <= len(tiles) + num_parts - 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+@pytest.mark.parametrize("heads,qo_lens,kv_lens,page_size,num_sms", [
+    (16, [1] * 5, [300, 64, 0, 1000, 129], 16, 6),
+    (128, [1] * 3, [2000, 7, 650], 1, 6),
+    (16, [2, 1, 3], [520, 90, 333], 64, 3),
+])
+def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, kv_lens, page_size, num_sms):
+    # The balanced split laid out as today's schedule (pieces as work items, several requests' pieces
+    # in one list, one request's pieces over several lists) gives the planned decode's results.
+    from _schedule import balanced_schedule
+    from test_decode import check, make_batch, run_wrapper
+    from mlacore import _decode
+
+    d = make_batch(kv_lens, qo_lens, page_size, heads, torch.bfloat16, device, seed=5)
+    md, max_batch, max_work, max_qo, parts = balanced_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size,
+                                                               heads, num_sms=num_sms)
+    assert md[1] > 0, "the lists cut at least one request: the combine runs"
+    assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
+    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    out = torch.empty_like(d["q_nope"])
+    lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
+    sm_scale = 0.1
+    _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
+                        d["kv_len"], md.to(device), ws, out, lse, max_batch, max_work, max_qo, max_work, page_size,
+                        sm_scale, True)
+    check(d, out, lse, sm_scale, True, what="balanced schedule")
+    (planned, planned_lse), _ = run_wrapper(d, causal=True, sm_scale=sm_scale)
+    assert (out.float() - planned.float()).abs().max().item() <= 2e-2
+    fin = torch.isfinite(planned_lse)
+    assert torch.equal(torch.isfinite(lse), fin)  # -inf exactly where a request has no KV
+    assert (lse[fin] - planned_lse[fin]).abs().max().item() <= 2e-3
+
+
+# --- longest-first placement (MLACORE_SCHEDULE=longest_first, read when a plan is created) ---
+
+@pytest.mark.parametrize("B,page_size,heads,max_qo,num_sms,max_kv", CASES)
+def test_cpu_longest_first_matches_reference_and_invariants(B, page_size, heads, max_qo, num_sms, max_kv,
+                                                             monkeypatch):
+    monkeypatch.setenv("MLACORE_SCHEDULE", "longest_first")
+    rng = random.Random(B * 1000 + page_size)
+    qo, kv, kv_len = random_batch(rng, B, page_size, max_qo, max_kv)
+    plan = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
+    plan.build(*tensors(qo, kv, kv_len), page_size, heads)
+    want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work, longest_first=True)
+    assert plan.metadata.tolist() == want
+    check_invariants(plan, kv_len, page_size)  # a request's items still in order, same splits
+    monkeypatch.setenv("MLACORE_SCHEDULE", "legacy")
+    legacy = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
+    legacy.build(*tensors(qo, kv, kv_len), page_size, heads)
+    assert legacy.metadata.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
+                                                 plan.max_work)
+    # The same items, header and per-request sections: only the order of the work array differs.
+    n = plan.info.num_work
+    assert plan.info == legacy.info
+    assert sorted(map(tuple, plan.work_items[:n].tolist())) == sorted(map(tuple, legacy.work_items[:n].tolist()))
+    assert torch.equal(plan.split_indptr, legacy.split_indptr)
+
+
+def test_longest_first_orders_a_ragged_batch_by_length_class(monkeypatch):
+    # 300 requests of 1..2048 tokens do not split on 132 SMs: one item each, now longest first.
+    monkeypatch.setenv("MLACORE_SCHEDULE", "longest_first")
+    rng = random.Random(7)
+    lens = [rng.randint(1, 2048) for _ in range(300)]
+    kv = [0]
+    for L in lens:
+        kv.append(kv[-1] + cdiv(L, 64))
+    plan = mlacore.MlaPlan("cpu", max_batch=300, num_sms=132)
+    plan.build(*tensors(list(range(301)), kv, lens), 64, 128)
+    chunk = plan.info.chunk_tokens // TILE
+    assert plan.info.num_partials == 0 and chunk == 32
+    items = plan.work_items[:300].tolist()
+    classes = [lpt_class(cdiv(e - b, TILE), chunk) for _, b, e, _ in items]
+    assert classes == sorted(classes) and classes[0] == 0 and classes[-1] > 0
+    first = [r for (r, _, _, _), c in zip(items, classes) if c == 0]
+    assert first == sorted(first)  # request order within a class
+
+
+def test_schedule_knob_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv("MLACORE_SCHEDULE", "balanced-ish")
+    with pytest.raises(ValueError, match="MLACORE_SCHEDULE: expected legacy or longest_first"):
+        mlacore.MlaPlan("cpu", max_batch=4, num_sms=8)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_longest_first_decode_equals_request_order(device, monkeypatch):
+    # The work items' order changes which CTA (or CPU loop step) runs them, never what they write:
+    # outputs and LSE are bitwise those of request order.
+    from test_decode import make_batch, run_wrapper
+
+    d = make_batch([700, 5, 0, 3000, 130, 64, 2100], [1, 2, 1, 1, 3, 1, 1], 16, 16, torch.bfloat16, device, seed=9)
+    runs = []
+    for mode in ("legacy", "longest_first"):
+        monkeypatch.setenv("MLACORE_SCHEDULE", mode)
+        runs.append(run_wrapper(d, causal=True, sm_scale=0.1)[0])
+    (oa, la), (ob, lb) = runs
+    assert torch.equal(oa, ob) and torch.equal(la, lb)
+
+
+@requires_cuda
+@pytest.mark.parametrize("B", [1, 7, 32, 33, 300, 700])
+def test_gpu_longest_first_device_builds_equal_the_host(B, monkeypatch, watchdog):
+    # The exchange (device inputs) and build_device run place_longest_first() on a block of threads;
+    # both must write the host's metadata bit for bit.
+    monkeypatch.setenv("MLACORE_SCHEDULE", "longest_first")
+    rng = random.Random(B)
+    qo, kv, kv_len = random_batch(rng, B, 16, 2, 20000)
+    host = mlacore.MlaPlan("cuda", max_batch=B + 3)
+    host.build(*tensors(qo, kv, kv_len), 16, 128)
+    want = reference(qo, kv, kv_len, 16, 128, host.num_sms, host.max_batch, host.max_work, longest_first=True)
+    assert host.metadata.cpu().tolist() == want
+    exchange = mlacore.MlaPlan("cuda", max_batch=B + 3)
+    exchange.build(*tensors(qo, kv, kv_len, device="cuda"), 16, 128)
+    device_only = mlacore.MlaPlan("cuda", max_batch=B + 3)
+    device_only.build_device(*tensors(qo, kv, kv_len, device="cuda"), 16, 128)
+    torch.cuda.synchronize()
+    assert exchange.metadata.cpu().tolist() == want
+    assert device_only.metadata.cpu().tolist() == want

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "common/dispatch.h"
@@ -215,6 +217,12 @@ int64_t host_chunk_tiles(const ScheduleInputs& in, const ScheduleLayout& layout,
 template <class V>
 void host_place(const Vectors<V>& v, const ScheduleInputs& in, const ScheduleLayout& layout,
                 const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  if (in.longest_first) {
+    // The tuning knob's order: the shared template itself on one thread (its
+    // divisions per request are the price of an opt-in mode, not of every plan).
+    place_schedule(SerialExec{}, in, layout, true, t, chunk, meta);
+    return;
+  }
   const int64_t B = in.batch;
   const int64_t no_split = t.no_split_tiles();
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
@@ -287,8 +295,18 @@ void validate_host(const ScheduleInputs& in, const ScheduleLayout& layout) {
 
 }  // namespace
 
+// MLACORE_SCHEDULE, read when a plan is created: "legacy" (or unset) places
+// work items in request order, "longest_first" longest first
+// (place_longest_first() in plan_builder.h). A tuning knob for A/B runs.
+static bool longest_first_from_env() {
+  const char* v = std::getenv("MLACORE_SCHEDULE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "legacy") == 0) return false;
+  if (std::strcmp(v, "longest_first") == 0) return true;
+  value_error("MLACORE_SCHEDULE: expected legacy or longest_first, got '", v, "'");
+}
+
 PlanBuilder::PlanBuilder(int64_t max_batch, int64_t max_work, int64_t num_sms)
-    : layout_{max_batch, max_work}, num_sms_(num_sms) {
+    : layout_{max_batch, max_work}, num_sms_(num_sms), longest_first_(longest_first_from_env()) {
   if (num_sms < 1 || num_sms > 65536) value_error("num_sms: expected 1 <= num_sms <= 65536, got ", num_sms);
   check_capacity(max_batch, max_work);
   tiles_.resize(static_cast<size_t>(max_batch));
@@ -335,6 +353,7 @@ ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg
   in.num_sms = num_sms_;
   in.partial_rows = partial_rows_;
   in.partial_qo_len = partial_qo_len_;
+  in.longest_first = longest_first_;
   return in;
 }
 

@@ -628,6 +628,7 @@ __device__ __forceinline__ void publish(unsigned long long* words, unsigned long
 // place_schedule() writes. Kernels after it on the stream read the metadata
 // in stream order; the host waits only for the verdict, so only the loads and
 // the totals' reduction are on its latency path.
+template <bool kLongestFirst>
 __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArgs a) {
   __shared__ int64_t smem[kSharedBytes / sizeof(int64_t)];  // place_schedule()'s collectives
   __shared__ DecisionSlots slots;
@@ -670,7 +671,8 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
   }
   __syncthreads();
   if (decided_chunk < 0) return;  // rejected: the metadata keeps its contents
-  place_schedule(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t, decided_chunk, a.meta);
+  place_in_order<kLongestFirst>(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t,
+                                decided_chunk, a.meta);
 }
 
 // The device-only schedule: the exchange's decision and placement without
@@ -681,6 +683,7 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
 // helpers, test_plan compares both with the host). The generic helpers' checked
 // 64-bit divisions one after another are too slow for this kernel, which a
 // CUDA graph replays ahead of every decode.
+template <bool kLongestFirst>
 __global__ void __launch_bounds__(kScheduleThreads, 1)
     build_schedule_kernel(ScheduleInputs in, ScheduleLayout layout, int32_t* meta, uint64_t sms_magic,
                           uint64_t spare_magic) {
@@ -701,10 +704,10 @@ __global__ void __launch_bounds__(kScheduleThreads, 1)
   __syncthreads();
   const BlockExec ex{reinterpret_cast<unsigned char*>(smem)};
   if (decided_chunk < 0) {
-    build_schedule(ex, in, layout, meta);
+    build_schedule_in_order<kLongestFirst>(ex, in, layout, meta);
     return;
   }
-  place_schedule(ex, in, layout, true, t, decided_chunk, meta);
+  place_in_order<kLongestFirst>(ex, in, layout, true, t, decided_chunk, meta);
 }
 
 }  // namespace
@@ -808,7 +811,11 @@ uint64_t exchange_launch(Staging* s, const ScheduleInputs& in, size_t off_kv, si
   a.seq = s->seq + 1;
   a.sms_magic = sms_magic_of(in);
   a.spare_magic = spare_magic_of(in, layout);
-  plan_exchange<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
+  // One instantiation per placement order (place_in_order()).
+  if (in.longest_first)
+    plan_exchange<true><<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
+  else
+    plan_exchange<false><<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(a);
   gpu::check_launch("plan: plan_exchange");
   // Only a launched kernel consumes its number.
   s->seq = a.seq;
@@ -856,8 +863,9 @@ void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {
 void launch_build_schedule(const ScheduleInputs& in, const ScheduleLayout& layout, int32_t* meta, int device,
                            void* stream) {
   gpu::DeviceGuard guard(device);
-  build_schedule_kernel<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(in, layout, meta, sms_magic_of(in),
-                                                                             spare_magic_of(in, layout));
+  auto kernel = in.longest_first ? build_schedule_kernel<true> : build_schedule_kernel<false>;
+  kernel<<<1, kScheduleThreads, 0, gpu::as_stream(stream)>>>(in, layout, meta, sms_magic_of(in),
+                                                              spare_magic_of(in, layout));
   gpu::check_launch("plan: build_schedule_kernel");
 }
 

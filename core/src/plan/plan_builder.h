@@ -14,6 +14,9 @@
 // division per request and candidate would cost microseconds at large batches. With device inputs
 // the exchange kernel runs all three phases and hands the host only its verdict, so the
 // host's part does not grow with the batch (it reads the inputs only to word a rejection).
+// The environment variable MLACORE_SCHEDULE, read when a plan is created, is a tuning knob
+// for the order of the work items: request order (legacy, the default) or longest first
+// (place_longest_first()); the split itself is the same.
 #pragma once
 
 #include <cstddef>
@@ -83,6 +86,8 @@ struct ScheduleInputs {
   // of them. 0: no budget (the partials are bounded by max_work alone).
   int64_t partial_rows = 0;
   int64_t partial_qo_len = 0;
+  // Work items in longest-first order (place_longest_first()), else request order.
+  bool longest_first = false;
 };
 
 // What one request contributes; error != 0 means it is skipped.
@@ -367,19 +372,184 @@ MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in
   return pick_chunk_tiles(ex.reduce(cand), chunks, no_split, in.num_sms);
 }
 
+// ---- longest-first placement (the plan's tuning knob MLACORE_SCHEDULE=longest_first) ----
+//
+// The decode grid runs one CTA per work item and query tile, and the GPU hands
+// CTAs out in grid order as SMs free up: a greedy list schedule. When a batch
+// needs more than one wave and its items differ in length (ragged batches,
+// every request's remainder item), request order can leave a long item for
+// the end, where it runs alone. Placing the items longest first (LPT) bounds
+// that tail by the shortest items instead. Lengths are ranked by octave below
+// the chunk, kLptBuckets classes: bucket k holds the items of bit_length(chunk)
+// - k tiles (the last one everything shorter, empty items included), each
+// bucket in request order, so a request's items keep their order (its full
+// chunks are in bucket 0, its last item in bucket 0 or later). Split points,
+// partial indices, split_indptr and the header are those of request order;
+// only positions in the work array change.
+constexpr int kLptBuckets = 16;
+
+MLACORE_HD int bit_length(int64_t x) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return x > 0 ? 64 - __clzll(static_cast<long long>(x)) : 0;
+#else
+  return x > 0 ? 64 - __builtin_clzll(static_cast<unsigned long long>(x)) : 0;
+#endif
+}
+
+// The length class of an item of `tiles` tiles (<= chunk): 0 for the longest.
+MLACORE_HD int lpt_bucket(int64_t tiles, int64_t chunk) {
+  const int k = bit_length(chunk) - bit_length(tiles);
+  return k < kLptBuckets - 1 ? k : kLptBuckets - 1;
+}
+
+// Items per length class; a request of n items adds n - 1 full chunks to
+// class 0 and its last item to its own class.
+struct LptCounts {
+  int32_t n[kLptBuckets] = {};
+  MLACORE_HD void add(int64_t items, int64_t last_tiles, int64_t chunk) {
+    if (items <= 0) return;
+    n[0] += static_cast<int32_t>(items - 1);
+    n[lpt_bucket(last_tiles, chunk)] += 1;
+  }
+  MLACORE_HD void merge(const LptCounts& o) {
+    for (int k = 0; k < kLptBuckets; ++k) n[k] += o.n[k];
+  }
+};
+static_assert(sizeof(LptCounts) == 64, "reduced like the totals: one 64-byte slot a warp");
+
+// Tiles of a request's last item for a chunk of `chunk` tiles and n items.
+MLACORE_HD int64_t last_item_tiles(const RequestShape& r, int64_t n, int64_t chunk) {
+  return n > 0 ? r.kv_tiles - (n - 1) * chunk : 0;
+}
+
+// The per-request sections and the work items of a metadata buffer.
+struct ScheduleSections {
+  int32_t* last_page_len;
+  int32_t* split_indptr;
+  WorkItem* work;
+  MLACORE_HD ScheduleSections(const ScheduleLayout& layout, int32_t* meta)
+      : last_page_len(meta + layout.last_page_len()),
+        split_indptr(meta + layout.split_indptr()),
+        work(reinterpret_cast<WorkItem*>(meta + layout.work())) {}
+};
+
+// Request b's shape and item count in a placement round; a thread past the
+// batch (b >= batch) gets none, and a shape that no request has.
+MLACORE_HD int64_t round_request(const ScheduleInputs& in, int64_t b, bool starts_ok, int64_t chunk,
+                                 RequestShape& r) {
+  r = RequestShape{};
+  r.error = kPlanErrorIndptrStart;
+  if (b >= in.batch) return 0;
+  r = request_shape(in, b, starts_ok);
+  return splits_of(r, chunk);
+}
+
+// The schedule's int32s past the work items in use: padding of the per-request
+// sections and of the work items, the header. Shared by both placements.
+template <class Exec>
+MLACORE_HD void finish_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                bool starts_ok, const ScheduleTotals& t, int64_t chunk_tokens, int64_t num_work,
+                                int64_t num_partials, int32_t* meta) {
+  const int64_t B = in.batch;
+  const int64_t tid = ex.tid(), nth = ex.nthreads();
+  const ScheduleSections sec(layout, meta);
+  for (int64_t b = B + tid; b < layout.max_batch; b += nth) sec.last_page_len[b] = 0;
+  for (int64_t b = B + tid; b <= layout.max_batch; b += nth) sec.split_indptr[b] = static_cast<int32_t>(num_partials);
+  for (int64_t i = layout.split_indptr() + layout.max_batch + 1 + tid; i < layout.work(); i += nth) meta[i] = 0;
+  for (int64_t i = num_work + tid; i < layout.max_work; i += nth) sec.work[i] = WorkItem{-1, 0, 0, -1};
+  if (tid == 0)
+    write_header(meta, num_work, num_partials, B, t, chunk_tokens,
+                 starts_ok && (t.error & kPlanErrorIndptr) == 0 ? static_cast<int64_t>(in.qo_indptr[B]) : 0,
+                 t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
+  ex.sync();
+}
+
+// place_schedule() with the work items longest first. Two passes over the
+// requests: the class counts (one reduction) give each class its first
+// position; then, in rounds of nthreads, one scan places partials as in
+// request order and four scans (four 16-bit class counts a word: a round adds
+// at most nthreads <= 256 to each) place every item within its class.
+template <class Exec>
+MLACORE_HD void place_longest_first(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                    bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  static_assert(kLptBuckets == 16, "four words of four 16-bit counts");
+  const int64_t B = in.batch;
+  const int64_t tid = ex.tid(), nth = ex.nthreads();
+  const int64_t chunk_tokens = chunk * kDecodeTileTokens;
+  const ScheduleSections sec(layout, meta);
+
+  LptCounts local;
+  for (int64_t b = tid; b < B; b += nth) {
+    const RequestShape r = request_shape(in, b, starts_ok);
+    const int64_t n = splits_of(r, chunk);
+    local.add(n, last_item_tiles(r, n, chunk), chunk);
+  }
+  const LptCounts all = ex.reduce(local);
+  int64_t next[kLptBuckets];  // first free position of each class
+  int64_t at = 0;
+  for (int k = 0; k < kLptBuckets; ++k) {
+    next[k] = at;
+    at += all.n[k];
+  }
+
+  int64_t carry = 0;  // items (low 32 bits) and partials (high), as place_schedule()
+  for (int64_t base = 0; base < B; base += nth) {
+    const int64_t b = base + tid;
+    RequestShape r;
+    const int64_t n = round_request(in, b, starts_ok, chunk, r);
+    const int last_class = n > 0 ? lpt_bucket(last_item_tiles(r, n, chunk), chunk) : -1;
+    int64_t before[kLptBuckets];  // this request's first position within each class
+    for (int w = 0; w < 4; ++w) {
+      int64_t word = 0;
+      for (int j = 0; j < 4; ++j) {
+        const int k = 4 * w + j;
+        const int64_t c = (k == 0 && n > 0 ? n - 1 : 0) + (k == last_class ? 1 : 0);
+        word |= c << (16 * j);
+      }
+      int64_t round_total = 0;
+      const int64_t offset = ex.exclusive_scan(word, round_total);
+      for (int j = 0; j < 4; ++j) {
+        const int k = 4 * w + j;
+        before[k] = next[k] + ((offset >> (16 * j)) & 0xffff);
+        next[k] += (round_total >> (16 * j)) & 0xffff;
+      }
+    }
+    const int64_t packed = n + ((n > 1 ? n : 0) << 32);
+    int64_t round_total = 0;
+    const int64_t offset = carry + ex.exclusive_scan(packed, round_total);
+    carry += round_total;
+    if (b >= B) continue;
+    const int64_t first_partial = offset >> 32;
+    sec.last_page_len[b] = static_cast<int32_t>(r.last_page_len);
+    sec.split_indptr[b] = static_cast<int32_t>(first_partial);
+    for (int64_t i = 0; i < n; ++i) {
+      // Full chunks in class 0 in order, then the last item in its class
+      // (right after them when that is class 0 too).
+      const int64_t pos = i < n - 1 ? before[0] + i : last_class == 0 ? before[0] + n - 1 : before[last_class];
+      if (pos >= layout.max_work) continue;  // a broken invariant loses work, never writes past the buffer
+      const int64_t begin = i * chunk_tokens;
+      const int64_t end = begin + chunk_tokens < r.kv_len ? begin + chunk_tokens : r.kv_len;
+      sec.work[pos] = WorkItem{static_cast<int32_t>(b), static_cast<int32_t>(begin), static_cast<int32_t>(end),
+                           n > 1 ? static_cast<int32_t>(first_partial + i) : -1};
+    }
+  }
+  finish_schedule(ex, in, layout, starts_ok, t, chunk_tokens, carry & 0xffffffffLL, carry >> 32, meta);
+}
+
 // Places every request's work items for a chunk of `chunk` tiles and writes
 // every int32 of ScheduleLayout::total(), so stale contents never leak into a
 // plan. Requests are visited in rounds of nthreads so the prefix sums that
 // place each request's work items carry from round to round.
 template <class Exec>
-MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
-                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+MLACORE_HD void place_request_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                    bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
   const int64_t B = in.batch;
   const int64_t tid = ex.tid(), nth = ex.nthreads();
   const int64_t chunk_tokens = chunk * kDecodeTileTokens;
-  int32_t* last_page_len = meta + layout.last_page_len();
-  int32_t* split_indptr = meta + layout.split_indptr();
-  WorkItem* work = reinterpret_cast<WorkItem*>(meta + layout.work());
+  const ScheduleSections sec(layout, meta);
+  int32_t* last_page_len = sec.last_page_len;
+  int32_t* split_indptr = sec.split_indptr;
+  WorkItem* work = sec.work;
 
   // Items in the low 32 bits, partials in the high ones: both total at most
   // max_work < 2^31, so one scan places both without carries between them.
@@ -387,12 +557,7 @@ MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const S
   for (int64_t base = 0; base < B; base += nth) {
     const int64_t b = base + tid;
     RequestShape r;
-    r.error = kPlanErrorIndptrStart;
-    int64_t n = 0;
-    if (b < B) {
-      r = request_shape(in, b, starts_ok);
-      n = splits_of(r, chunk);
-    }
+    const int64_t n = round_request(in, b, starts_ok, chunk, r);
     const int64_t packed = n + ((n > 1 ? n : 0) << 32);
     int64_t round_total = 0;
     const int64_t offset = carry + ex.exclusive_scan(packed, round_total);
@@ -413,26 +578,48 @@ MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const S
       w.partial = n > 1 ? static_cast<int32_t>(first_partial + i) : -1;
     }
   }
-  const int64_t num_work = carry & 0xffffffffLL, num_partials = carry >> 32;
+  finish_schedule(ex, in, layout, starts_ok, t, chunk_tokens, carry & 0xffffffffLL, carry >> 32, meta);
+}
 
-  for (int64_t b = B + tid; b < layout.max_batch; b += nth) last_page_len[b] = 0;
-  for (int64_t b = B + tid; b <= layout.max_batch; b += nth) split_indptr[b] = static_cast<int32_t>(num_partials);
-  for (int64_t i = layout.split_indptr() + layout.max_batch + 1 + tid; i < layout.work(); i += nth) meta[i] = 0;
-  for (int64_t i = num_work + tid; i < layout.max_work; i += nth) work[i] = WorkItem{-1, 0, 0, -1};
-  if (tid == 0)
-    write_header(meta, num_work, num_partials, B, t, chunk_tokens,
-                 starts_ok && (t.error & kPlanErrorIndptr) == 0 ? static_cast<int64_t>(in.qo_indptr[B]) : 0,
-                 t.error | (starts_ok ? 0 : kPlanErrorIndptrStart));
-  ex.sync();
+// The placement of in.longest_first's order, fixed at compile time: the GPU
+// kernels are instantiated once per order, so request order (the default)
+// compiles to exactly its own code (the longest-first pass's class arrays
+// would otherwise cost the latency-bound exchange kernel registers and stack).
+template <bool kLongestFirst, class Exec>
+MLACORE_HD void place_in_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  if constexpr (kLongestFirst)
+    place_longest_first(ex, in, layout, starts_ok, t, chunk, meta);
+  else
+    place_request_order(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
+// Either placement, as in.longest_first says (the host's entry).
+template <class Exec>
+MLACORE_HD void place_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                               bool starts_ok, const ScheduleTotals& t, int64_t chunk, int32_t* meta) {
+  if (in.longest_first)
+    place_in_order<true>(ex, in, layout, starts_ok, t, chunk, meta);
+  else
+    place_in_order<false>(ex, in, layout, starts_ok, t, chunk, meta);
+}
+
+template <bool kLongestFirst, class Exec>
+MLACORE_HD void build_schedule_in_order(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
+                                        int32_t* meta) {
+  const bool starts_ok = schedule_starts_ok(in);
+  const ScheduleTotals t = schedule_totals(ex, in, starts_ok);
+  const int64_t chunk = schedule_chunk_tiles(ex, in, starts_ok, t, layout.max_work);
+  place_in_order<kLongestFirst>(ex, in, layout, starts_ok, t, chunk, meta);
 }
 
 template <class Exec>
 MLACORE_HD void build_schedule(const Exec& ex, const ScheduleInputs& in, const ScheduleLayout& layout,
                                int32_t* meta) {
-  const bool starts_ok = schedule_starts_ok(in);
-  const ScheduleTotals t = schedule_totals(ex, in, starts_ok);
-  const int64_t chunk = schedule_chunk_tiles(ex, in, starts_ok, t, layout.max_work);
-  place_schedule(ex, in, layout, starts_ok, t, chunk, meta);
+  if (in.longest_first)
+    build_schedule_in_order<true>(ex, in, layout, meta);
+  else
+    build_schedule_in_order<false>(ex, in, layout, meta);
 }
 
 // ---- the plan object behind the C ABI (plan_builder.cpp) ----
@@ -546,6 +733,7 @@ class PlanBuilder {
   ScheduleLayout layout_;
   int64_t num_sms_;
   int64_t partial_rows_ = 0, partial_qo_len_ = 0;
+  bool longest_first_;  // MLACORE_SCHEDULE=longest_first when the plan was created
   // Mutable: info() completes it with the counts of the exchange counts_seq_
   // names (0: none pending).
   mutable PlanInfo info_;
