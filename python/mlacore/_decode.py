@@ -83,6 +83,7 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = None
         self._metadata = None
         self._planned = False
+        self._total_qo = None
         if use_cuda_graph and qo_indptr is not None:
             self._graph_max_batch = qo_indptr.numel() - 1
         else:
@@ -153,10 +154,12 @@ class BatchMLAPagedAttentionWrapper:
         if self._use_cuda_graph and self._capacity is not None and on_device:
             plan.build_device(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
             max_qo = max_qo_cap
+            self._total_qo = None  # on the device only: run() cannot check q's rows
         else:
             plan.build(qo_indptr, kv_indptr, kv_len_arr, self._page_size, self._num_heads)
             info = plan.info  # read once: each read builds the tuple, the first waits for the exchange's counts
             max_qo = max(info.max_qo_len, 1)
+            self._total_qo = info.total_qo
         max_batch, max_work = plan.max_batch, plan.max_work
 
         if self._use_cuda_graph:
@@ -177,6 +180,10 @@ class BatchMLAPagedAttentionWrapper:
             raise RuntimeError("run() before plan()")
         if not isinstance(q_nope, torch.Tensor):
             raise TypeError(f"q_nope: expected a torch.Tensor, got {type(q_nope).__name__}")
+        if self._total_qo is not None and q_nope.dim() > 0 and q_nope.shape[0] != self._total_qo:
+            # Rows past the plan would come back unwritten, rows short of it unread.
+            raise ValueError(f"q_nope: expected {self._total_qo} rows (qo_indptr[-1] of the plan), got "
+                             f"{q_nope.shape[0]}")
         if out is None:
             out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
         if return_lse and lse is None:

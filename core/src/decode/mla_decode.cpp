@@ -348,6 +348,10 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   if (dims.max_partials < 1 || dims.max_partials > dims.max_work)
     value_error("dims.max_partials: expected max_partials in [1, max_work=", dims.max_work, "], got ",
                 dims.max_partials);
+  const int64_t ws_needed = mlacore_mla_decode_workspace_bytes(dims, H);
+  if (ws_needed < 0)
+    value_error("dims: the workspace for max_partials=", dims.max_partials, " x max_qo_len=", dims.max_qo_len,
+                " x heads=", H, " rows overflows int64 bytes");
   const int64_t md_len = ScheduleLayout{dims.max_batch, dims.max_work}.total();
   md.expect_index_vector(md_len, "ScheduleLayout{max_batch, max_work}.total()");
   md.expect_dtype({DType::I32});
@@ -356,10 +360,6 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
 
   ws.expect_contiguous();
   ws.expect_same_device(qn);
-  const int64_t ws_needed = mlacore_mla_decode_workspace_bytes(dims, H);
-  if (ws_needed < 0)
-    value_error("dims: the workspace for max_partials=", dims.max_partials, " x max_qo_len=", dims.max_qo_len,
-                " x heads=", H, " rows overflows int64 bytes");
   const int64_t ws_bytes = ws.numel() * itemsize(ws.dtype());
   if (ws_bytes < ws_needed)
     value_error("workspace: expected at least ", ws_needed, " bytes (max_partials=", dims.max_partials,
