@@ -72,11 +72,12 @@ Arg::Arg(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
 // index * stride * itemsize for an index within its dim) fits int64, so the
 // ops index it without overflow checks of their own.
 void Arg::expect_addressable() const {
+  for (int i = 0; i < t_->ndim; ++i)
+    if (t_->shape[i] == 0) return;  // nothing is addressed: any data pointer, strides and other sizes
   int64_t n = 1;
   for (int i = 0; i < t_->ndim; ++i)
     if (!mul_fits(n, t_->shape[i], &n))
       value_error(name_, ": expected at most 2^63-1 elements, got a tensor of shape ", shape_str(*t_));
-  if (n == 0) return;  // nothing is addressed: any data pointer and strides
   const int64_t es = std::max<int64_t>(1, (int64_t(t_->dtype.bits) * std::max<int>(t_->dtype.lanes, 1) + 7) / 8);
   int64_t span = 0;  // bytes from the lowest to the highest element address
   for (int i = 0; i < t_->ndim; ++i) {
@@ -111,7 +112,9 @@ int64_t Arg::stride(int dim) const noexcept {
 }
 
 int64_t Arg::numel() const noexcept {
-  int64_t n = 1;
+  for (int i = 0; i < t_->ndim; ++i)
+    if (t_->shape[i] == 0) return 0;
+  int64_t n = 1;  // fits: the constructor checked the product
   for (int i = 0; i < t_->ndim; ++i) n *= t_->shape[i];
   return n;
 }

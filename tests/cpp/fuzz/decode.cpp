@@ -136,10 +136,20 @@ void fuzz_decode(Rng& r, Counter& c) {
       case 3: qp.shape[2] = 32; break;
       case 4: page_size_arg = r.pick<int64_t>({0, -1, S + 1}); break;
       case 5: kpe.shape[0] = P + 1; break;
-      case 6:
-        if (r.chance(0.5)) dims.max_work = r.pick<int64_t>({0, -1});
-        else dims.max_partials = r.pick<int64_t>({0, -1, mw + 1, I64MAX});
+      case 6: {
+        // Small wrong values, and values near INT64_MAX / INT32_MAX whose
+        // layout offsets or workspace bytes would wrap without their checks.
+        const int64_t far = r.pick<int64_t>({I64MAX, I64MAX - 1, int64_t(1) << 62, (int64_t(1) << 62) + (int64_t(1) << 40),
+                                             int64_t(1) << 61, I32MAX, I32MAX + 1, (int64_t(1) << 28) + 1, I64MIN});
+        switch (r.range(0, 4)) {
+          case 0: dims.max_work = r.chance(0.5) ? r.pick<int64_t>({0, -1}) : far; break;
+          case 1: dims.max_partials = r.pick<int64_t>({0, -1, mw + 1, I64MAX, far}); break;
+          case 2: dims.max_batch = far; break;
+          case 3: dims.max_qo_len = far; break;
+          default: dims.max_batch = dims.max_work = far; break;
+        }
         break;
+      }
       case 7: ws.shape[0] = std::max<int64_t>(0, ws.shape[0] - r.range(1, 64) - (ws.shape[0] > mlacore_mla_decode_workspace_bytes(dims, H) ? 64 : 0)); if (mlacore_mla_decode_workspace_bytes(dims, H) == 0) ws.misalign = 4; break;
       case 8: flags |= 4u << r.range(0, 4); break;
       case 9: sm = r.chance(0.5) ? NAN : INFINITY; break;

@@ -78,6 +78,85 @@ void finalize(Tensor& t, Rng& r) {
     t.dl.byte_offset = 0;
     t.dl.data = reinterpret_cast<void*>(t.address());
   }
+  if (t.s.npatch > 0) {
+    for (int d = 0; d < t.dims(); ++d) {
+      t.dl_shape[d] = t.s.shape[d];
+      t.dl_strides[d] = t.stride(d);
+    }
+    for (int k = 0; k < t.s.npatch; ++k) {
+      t.dl_shape[t.s.patch_dim[k]] = t.s.patch_size[k];
+      t.dl_strides[t.s.patch_dim[k]] = t.s.patch_stride[k];
+    }
+    t.dl.shape = t.dl_shape;
+    t.dl.strides = t.dl_strides;
+  }
+  if (t.s.null_data) {
+    t.dl.data = nullptr;
+    t.dl.byte_offset = 0;
+  }
+}
+
+void apply_hostile(TSpec& s, Rng& r) {
+  const int n = s.ndim;
+  __int128 numel = 1;
+  for (int d = 0; d < n && d < 9; ++d) numel *= s.shape[d];
+  if (numel <= 0) {  // empty: huge sizes in place of its zeros, and no data
+    for (int d = 0; d < n && d < 9; ++d)
+      if (s.shape[d] == 0) {
+        if (s.npatch == 2) {
+          s.null = true;
+          return;
+        }
+        s.patch_dim[s.npatch] = d, s.patch_size[s.npatch] = r.pick<int64_t>({I64MAX, I32MAX, int64_t(1) << 62, 1});
+        s.patch_stride[s.npatch++] = 0;
+      }
+    if (s.npatch == 0) s.null = true;  // no dims (ndim 0 with a zero numel cannot happen) or malformed
+    s.null_data = true;
+    return;
+  }
+  const int64_t item = item_bytes(s.dtype);
+  const __int128 limit = I64MAX;
+  const int kind = int(r.range(0, 2));
+  if (kind == 0) {
+    s.null_data = true;
+    return;
+  }
+  auto stride_of = [&](int d) {  // the spec's element stride (implicit: compact)
+    if (!s.implicit_strides) return s.strides[d];
+    int64_t st = 1;
+    for (int i = n - 1; i > d; --i) st *= s.shape[i];
+    return st;
+  };
+  if (kind == 1) {  // huge sizes at stride 0
+    const int d = int(r.range(0, n - 1));
+    const int64_t v = r.pick<int64_t>({I64MAX, I64MAX - 1, int64_t(1) << 62, (int64_t(1) << 62) + (int64_t(1) << 40),
+                                       I64MAX / item + 1, I32MAX, I32MAX + 1, int64_t(1) << 32});
+    __int128 total = numel / s.shape[d] * v;
+    s.patch_dim[0] = d, s.patch_size[0] = v, s.patch_stride[0] = 0, s.npatch = 1;
+    if (n >= 2 && r.chance(0.5)) {
+      const int d2 = (d + 1 + int(r.range(0, n - 2))) % n;
+      const int64_t v2 = r.pick<int64_t>({I32MAX, I32MAX + 1, int64_t(1) << 32, int64_t(1) << 62});
+      total = total / s.shape[d2] * v2;
+      s.patch_dim[1] = d2, s.patch_size[1] = v2, s.patch_stride[1] = 0, s.npatch = 2;
+    }
+    if (total * item <= limit) s.null_data = true;  // a size that fits: refused for its NULL data instead
+    return;
+  }
+  int d = -1;  // huge stride on a dim of at least 2 elements
+  for (int i = 0; i < n; ++i)
+    if (s.shape[i] >= 2 && (d < 0 || r.chance(0.5))) d = i;
+  if (d < 0) {
+    s.null_data = true;
+    return;
+  }
+  const int64_t st = r.pick<int64_t>({I64MAX, I64MIN, I64MAX / 2, -(I64MAX / 2), I64MAX / item,
+                                      (I64MAX / item) / (s.shape[d] - 1) + 1});
+  const __int128 mag = st < 0 ? -(__int128)st : (__int128)st;
+  __int128 span = (__int128)(s.shape[d] - 1) * mag * item;
+  for (int i = 0; i < n; ++i)
+    if (i != d) span += (__int128)(s.shape[i] - 1) * (stride_of(i) < 0 ? -stride_of(i) : stride_of(i)) * item;
+  s.patch_dim[0] = d, s.patch_size[0] = s.shape[d], s.patch_stride[0] = st, s.npatch = 1;
+  if (span <= limit) s.null_data = true;
 }
 
 void fill_random_bytes(Rng& r, Tensor& t, int64_t b) {
@@ -237,6 +316,9 @@ bool apply_generic(TSpec& s, Rng& r, Def d, std::initializer_list<DLDataType> al
       if (type == kDLCUDA || type == kDLROCM) *runtime_ok = true;  // "built without CUDA/HIP" is a RUNTIME error
       return true;
     }
+    case Def::Hostile:
+      apply_hostile(s, r);
+      return true;
     case Def::Malformed: {
       const int k = int(r.range(0, 2));
       if (k == 0) s.ndim = 9;
@@ -250,7 +332,7 @@ bool apply_generic(TSpec& s, Rng& r, Def d, std::initializer_list<DLDataType> al
   }
 }
 
-Def random_generic(Rng& r) { return Def(r.range(1, 5)); }
+Def random_generic(Rng& r) { return Def(r.range(1, 6)); }
 
 int64_t ref_slot(const Tensor& idx, const Tensor& ptr, int64_t batch, int64_t page_size, int64_t num_pages,
                  int64_t b, int64_t pos) {

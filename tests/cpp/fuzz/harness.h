@@ -92,6 +92,12 @@ struct TSpec {
   DLDataType dtype = I32;
   DLDevice device{kDLCPU, 0};
   int64_t misalign = 0;  // bytes added to the first element's address (alignment defects)
+  // Hostile defects, applied to the DLTensor only (finalize): the buffer and
+  // every access of the driver keep the spec's small layout.
+  bool null_data = false;  // DLTensor.data = NULL
+  int npatch = 0;          // dims whose size and stride the DLTensor replaces
+  int patch_dim[2] = {};
+  int64_t patch_size[2] = {}, patch_stride[2] = {};
 };
 
 struct Tensor {
@@ -100,6 +106,7 @@ struct Tensor {
   std::shared_ptr<Buf> buf;
   int64_t origin = 0;  // byte index of element 0 in buf->bytes
   int64_t isz = 1;
+  int64_t dl_shape[9] = {}, dl_strides[9] = {};  // what the DLTensor says when the spec is hostile
 
   const DLTensor* p() const { return s.null ? nullptr : &dl; }
   int dims() const { return std::max(0, std::min(s.ndim, 9)); }
@@ -211,12 +218,17 @@ void snapshot(const std::vector<std::shared_ptr<Buf>>& bufs);
 
 // ---- defects applied to a spec -------------------------------------------------------
 
-enum class Def { None, Null, Ndim, Dtype, Device, Malformed };
+enum class Def { None, Null, Ndim, Dtype, Device, Malformed, Hostile };
 
 // Applies one generic defect to `s`; `allowed` are the dtypes it may have.
 // Returns true when the defect makes the call invalid for sure, false when
 // it turned out harmless (the caller then treats the case as clean).
 bool apply_generic(TSpec& s, Rng& r, Def d, std::initializer_list<DLDataType> allowed, bool* runtime_ok);
+
+// Def::Hostile: sizes near INT64_MAX / INT32_MAX through stride 0 (no memory
+// behind them), strides whose byte span leaves int64, or NULL data under a
+// non-empty shape; always invalid (a tensor without elements gets NULL).
+void apply_hostile(TSpec& s, Rng& r);
 
 Def random_generic(Rng& r);
 

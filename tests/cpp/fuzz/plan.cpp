@@ -103,9 +103,9 @@ void fuzz_plan(Rng& r, Counter& c) {
   for (Tensor* t : {&tq, &tk, &tl, &tm}) finalize(*t, r);
   // Reading back what the tensors hold decides validity for int32 inputs.
   if (!plan_null && page_size >= 1 && num_heads >= 1 && !md.null && md.ndim == 1 && md.shape[0] >= total &&
-      md.misalign == 0 && (md.implicit_strides || md.strides[0] == 1) && same(md.dtype, I32) && md.device.device_type == kDLCPU) {
+      md.misalign == 0 && !md.null_data && md.npatch == 0 && (md.implicit_strides || md.strides[0] == 1) && same(md.dtype, I32) && md.device.device_type == kDLCPU) {
     bool ok = true;
-    for (const Tensor* t : {&tq, &tk, &tl}) ok = ok && !t->s.null && t->s.ndim == 1 && is_index(t->s.dtype) && t->s.device.device_type == kDLCPU;
+    for (const Tensor* t : {&tq, &tk, &tl}) ok = ok && !t->s.null && !t->s.null_data && t->s.npatch == 0 && t->s.ndim == 1 && is_index(t->s.dtype) && t->s.device.device_type == kDLCPU;
     ok = ok && tq.size(0) == B + 1 && tk.size(0) == B + 1 && tl.size(0) == B;
     if (ok) {
       ok = tq.rd(0) == 0 && tk.rd(0) == 0;
