@@ -312,8 +312,8 @@ ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg
   kv.expect_same_device(qo);
   len.expect_same_device(qo);
   if (page_size < 1) value_error("page_size: expected >= 1, got ", page_size);
-  if (num_heads < 1 || num_heads > kMaxDecodeHeads)
-    value_error("num_heads: expected 1 to ", kMaxDecodeHeads, ", got ", num_heads);
+  if (num_heads < 1) value_error("num_heads: expected >= 1, got ", num_heads);
+  if (num_heads > kMaxDecodeHeads) value_error("num_heads: expected <= ", kMaxDecodeHeads, ", got ", num_heads);
 
   meta.expect_ndim(1);
   meta.expect_dtype({DType::I32});
