@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "check.h"
+#include "host_tensor.h"
 
 namespace {
 
@@ -19,22 +20,7 @@ constexpr int64_t I64MAX = std::numeric_limits<int64_t>::max();
 constexpr DLDataType kI32{kDLInt, 32, 1}, kI64{kDLInt, 64, 1}, kU8{kDLUInt, 8, 1};
 constexpr DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1};
 
-// A CPU DLTensor over `data`; `strides` empty: compact.
-struct T {
-  std::vector<int64_t> shape, strides;
-  DLTensor dl{};
-  T(void* data, DLDataType dtype, std::vector<int64_t> s, std::vector<int64_t> st = {})
-      : shape(std::move(s)), strides(std::move(st)) {
-    dl.data = data;
-    dl.device = {kDLCPU, 0};
-    dl.ndim = static_cast<int>(shape.size());
-    dl.dtype = dtype;
-    dl.shape = shape.data();
-    dl.strides = strides.empty() ? nullptr : strides.data();
-  }
-  T(const T&) = delete;
-  const DLTensor* p() const { return &dl; }
-};
+using T = HostTensor;  // tests/cpp/host_tensor.h
 
 // The call failed with MLACORE_ERROR_VALUE and a message that starts with `arg`.
 void expect_value_error(mlacore_status st, const char* arg, int line) {
