@@ -35,6 +35,29 @@ def unchanged(*pairs):
         assert torch.equal(t, before), "a refused call wrote into a tensor"
 
 
+class launches_nothing:
+    """On CUDA, asserts that the block launched no kernel (CUDA activity seen
+    by torch's profiler); elsewhere a plain block."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.prof.__exit__(None, None, None)
+            kernels = [e.name for e in self.prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert not kernels, f"a refused call launched {kernels}"
+        return False
+
+
 # --- appends ----------------------------------------------------------------------
 
 def mla_append_case(device):
@@ -62,7 +85,7 @@ def test_d1_append_huge_last_page_len_and_batch_index(device, which, strict):
     last = huge(I64MAX, device)
     bi, pos = i64([2**62], device), i64([0], device)
     indices, indptr = i64([0, 1], device), i64([0, 1, 2], device)
-    with pytest.raises(ValueError, match="kv_last_page_len"):
+    with launches_nothing(device), pytest.raises(ValueError, match="kv_last_page_len"):
         if which == "mla":
             mlacore.append_paged_mla_kv_cache(src_a, src_b, bi, pos, cache_a, cache_b, indices, indptr, last,
                                               strict=strict)
@@ -79,7 +102,7 @@ def test_d1_append_huge_kv_indptr_is_refused(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
     for indptr, match in ((huge(I64MAX, device), "^kv_indptr: "), (huge(2**59, device), "^kv_last_page_len: ")):
-        with pytest.raises(ValueError, match=match):
+        with launches_nothing(device), pytest.raises(ValueError, match=match):
             mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i64([2**62], device), i64([0], device), ckv, kpe,
                                               i64([0], device), indptr, i64([1], device))
     unchanged((ckv, before[0]), (kpe, before[1]))
@@ -88,7 +111,7 @@ def test_d1_append_huge_kv_indptr_is_refused(device):
 def test_d1_append_last_page_len_of_2_59_entries(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
-    with pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=2"):
+    with launches_nothing(device), pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=2"):
         mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i64([2**62], device), i64([0], device), ckv, kpe,
                                           i64([0, 1], device), i64([0, 1, 2], device), huge(2**59, device),
                                           strict=True)
@@ -98,7 +121,7 @@ def test_d1_append_last_page_len_of_2_59_entries(device):
 def test_e1_last_page_len_one_longer_than_the_batch_is_named(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
-    with pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=1"):
+    with launches_nothing(device), pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=1"):
         mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i32([0], device), i32([0], device), ckv, kpe,
                                           i32([0], device), i32([0, 1], device), i32([1, 1], device))
     unchanged((ckv, before[0]), (kpe, before[1]))
@@ -112,7 +135,7 @@ def test_d2_block_table_with_huge_row_counts(device, rows, dtype):
     # would wrap; then the dtype is refused, by name), int32 rows that fit.
     table = torch.zeros(1, 1, dtype=dtype, device=device).expand(rows, 1)
     out = torch.full((4,), -5, dtype=torch.int64 if dtype == torch.uint8 else dtype, device=device)
-    with pytest.raises(ValueError, match="^(block_table|cu_num_blocks): "):
+    with launches_nothing(device), pytest.raises(ValueError, match="^(block_table|cu_num_blocks): "):
         mlacore.page_indices_from_block_table(table, i64([0, 1], device), out)
     assert out.tolist() == [-5] * 4
 
@@ -160,7 +183,7 @@ def call_decode(d, **dims):
 
 def decode_refused(d, match, **dims):
     out, lse, ws = d["out"].clone(), d["lse"].clone(), d["workspace"].clone()
-    with pytest.raises(ValueError, match=match):
+    with launches_nothing(d["out"].device), pytest.raises(ValueError, match=match):
         call_decode(d, **dims)
     unchanged((d["out"], out), (d["lse"], lse), (d["workspace"], ws))
 
@@ -218,7 +241,7 @@ def test_d7_negative_view_as_query_is_refused(device):
     d = decode_case(device)
     w = planned_wrapper(d, device)
     out = torch.full((1, HEADS, 512), -3.0, dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match="^q_nope: .*negative"):
+    with launches_nothing(device), pytest.raises(ValueError, match="^q_nope: .*negative"):
         w.run(torch._neg_view(d["q_nope"]), d["q_pe"], d["ckv"], d["kpe"], out=out)
     assert (out == -3.0).all()
     want = w.run(-d["q_nope"], d["q_pe"], d["ckv"], d["kpe"])
@@ -230,7 +253,7 @@ def test_d7_negative_view_as_query_is_refused(device):
 def test_d7_negative_view_as_append_source_is_refused(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
-    with pytest.raises(ValueError, match="^append_ckv: .*negative"):
+    with launches_nothing(device), pytest.raises(ValueError, match="^append_ckv: .*negative"):
         mlacore.append_paged_mla_kv_cache(torch._neg_view(src_ckv), src_kpe, i32([0], device), i32([0], device),
                                           ckv, kpe, i32([0], device), i32([0, 1], device), i32([1], device))
     unchanged((ckv, before[0]), (kpe, before[1]))
@@ -248,7 +271,7 @@ def test_d8_run_with_more_query_rows_than_the_plan(device):
     q_nope = torch.cat([d["q_nope"], d["q_nope"]])
     q_pe = torch.cat([d["q_pe"], d["q_pe"]])
     out = torch.full((2, HEADS, 512), -3.0, dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match=r"^q_nope: expected 1 rows \(qo_indptr\[-1\] of the plan\), got 2"):
+    with launches_nothing(device), pytest.raises(ValueError, match=r"^q_nope: expected 1 rows \(qo_indptr\[-1\] of the plan\), got 2"):
         w.run(q_nope, q_pe, d["ckv"], d["kpe"], out=out)
     assert (out == -3.0).all()
     w.run(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"])  # the planned size still runs
