@@ -151,20 +151,26 @@ void misaligned() {
 // without signed overflow (UBSan checks), and more heads than the decode
 // kernels take are refused.
 void plan_extremes() {
-  mlacore_plan* plan = nullptr;
-  CHECK(mlacore_plan_create(1, 0, 132, &plan) == MLACORE_OK);
   const int64_t n = 2147483647;
-  int64_t qo[2] = {0, n}, kv[2] = {0, 1}, len = n;
-  T tqo(qo, kI64, {2}), tkv(kv, kI64, {2}), tlen(&len, kI64, {1});
-  const int64_t total = mlacore_plan_metadata_size(1, mlacore_plan_default_max_work(1, 132));
-  CHECK(total > 0 && total < 4096);
-  std::vector<int32_t> md(size_t(total), 0);
-  T tmd(md.data(), kI32, {total});
-  CHECK(mlacore_plan_build(plan, tqo.p(), tkv.p(), tlen.p(), int32_t(n), 128, tmd.p(), nullptr) == MLACORE_OK);
-  CHECK(md[3] == n && md[4] == n && md[7] == 0);  // header: max_qo_len, max_kv_len, no error
-  EXPECT_VALUE_ERROR(mlacore_plan_build(plan, tqo.p(), tkv.p(), tlen.p(), int32_t(n), 129, tmd.p(), nullptr),
-                     "num_heads");
-  mlacore_plan_destroy(plan);
+  for (int32_t sms : {1, 7, 132, 1024}) {
+    for (int64_t max_batch : {1, 2}) {
+      mlacore_plan* plan = nullptr;
+      CHECK(mlacore_plan_create(max_batch, 0, sms, &plan) == MLACORE_OK);
+      // One request of 2^31-1 query and KV tokens in one page of 2^31-1, or
+      // the query tokens split over two requests with a full KV each.
+      int64_t qo[3] = {0, max_batch == 1 ? n : n / 2, n}, kv[3] = {0, 1, 2}, len[2] = {n, n};
+      T tqo(qo, kI64, {max_batch + 1}), tkv(kv, kI64, {max_batch + 1}), tlen(len, kI64, {max_batch});
+      const int64_t total = mlacore_plan_metadata_size(max_batch, mlacore_plan_default_max_work(max_batch, sms));
+      CHECK(total > 0);
+      std::vector<int32_t> md(size_t(total), 0);
+      T tmd(md.data(), kI32, {total});
+      CHECK(mlacore_plan_build(plan, tqo.p(), tkv.p(), tlen.p(), int32_t(n), 128, tmd.p(), nullptr) == MLACORE_OK);
+      CHECK(md[4] == n && md[7] == 0);  // header: max_kv_len, no error
+      EXPECT_VALUE_ERROR(mlacore_plan_build(plan, tqo.p(), tkv.p(), tlen.p(), int32_t(n), 129, tmd.p(), nullptr),
+                         "num_heads");
+      mlacore_plan_destroy(plan);
+    }
+  }
 }
 
 }  // namespace

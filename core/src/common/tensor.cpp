@@ -88,7 +88,8 @@ void Arg::expect_addressable() const {
       value_error(name_, ": expected strides whose byte span fits int64, got shape ", shape_str(*t_), " with stride ",
                   st, " in dim ", i);
   }
-  if (!mul_fits(n, es, &span))
+  int64_t bytes;
+  if (!mul_fits(n, es, &bytes))
     value_error(name_, ": expected a byte size that fits int64, got ", n, " elements of ", es, " bytes");
   if (t_->data == nullptr)
     value_error(name_, ": expected a data pointer for a non-empty tensor, got NULL (shape ", shape_str(*t_), ")");
