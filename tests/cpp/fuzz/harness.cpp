@@ -130,16 +130,21 @@ void apply_hostile(TSpec& s, Rng& r) {
   if (kind == 1) {  // huge sizes at stride 0
     const int d = int(r.range(0, n - 1));
     const int64_t v = r.pick<int64_t>({I64MAX, I64MAX - 1, int64_t(1) << 62, (int64_t(1) << 62) + (int64_t(1) << 40),
-                                       I64MAX / item + 1, I32MAX, I32MAX + 1, int64_t(1) << 32});
-    __int128 total = numel / s.shape[d] * v;
+                                       item > 1 ? I64MAX / item + 1 : I64MAX, I32MAX, I32MAX + 1, int64_t(1) << 32});
+    // Saturating at 2^100 (far past int64) keeps the driver's own arithmetic defined.
+    auto sat = [](__int128 a, __int128 b) {
+      const __int128 cap = (__int128)1 << 100;
+      return a > 0 && b > cap / a ? cap : a * b;
+    };
+    __int128 total = sat(numel / s.shape[d], v);
     s.patch_dim[0] = d, s.patch_size[0] = v, s.patch_stride[0] = 0, s.npatch = 1;
     if (n >= 2 && r.chance(0.5)) {
       const int d2 = (d + 1 + int(r.range(0, n - 2))) % n;
       const int64_t v2 = r.pick<int64_t>({I32MAX, I32MAX + 1, int64_t(1) << 32, int64_t(1) << 62});
-      total = total / s.shape[d2] * v2;
+      total = sat(total / s.shape[d2], v2);
       s.patch_dim[1] = d2, s.patch_size[1] = v2, s.patch_stride[1] = 0, s.npatch = 2;
     }
-    if (total * item <= limit) s.null_data = true;  // a size that fits: refused for its NULL data instead
+    if (sat(total, item) <= limit) s.null_data = true;  // a size that fits: refused for its NULL data instead
     return;
   }
   int d = -1;  // huge stride on a dim of at least 2 elements
@@ -149,8 +154,9 @@ void apply_hostile(TSpec& s, Rng& r) {
     s.null_data = true;
     return;
   }
+  const int64_t just_past = (I64MAX / item) / (s.shape[d] - 1);  // + 1: the span no longer fits
   const int64_t st = r.pick<int64_t>({I64MAX, I64MIN, I64MAX / 2, -(I64MAX / 2), I64MAX / item,
-                                      (I64MAX / item) / (s.shape[d] - 1) + 1});
+                                      just_past < I64MAX ? just_past + 1 : I64MAX});
   const __int128 mag = st < 0 ? -(__int128)st : (__int128)st;
   __int128 span = (__int128)(s.shape[d] - 1) * mag * item;
   for (int i = 0; i < n; ++i)
