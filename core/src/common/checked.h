@@ -24,16 +24,11 @@ inline bool mul_fits(int64_t a, int64_t b, int64_t* out) noexcept {
   return true;
 }
 
-// The same, raising value_error that names `arg` (the argument whose size
-// went into the sum or product) when the result leaves int64.
+// a + b, raising value_error that names `arg` (the argument whose size went
+// into the sum) when the result leaves int64.
 inline int64_t checked_add(int64_t a, int64_t b, const char* arg) {
   int64_t r;
   if (!add_fits(a, b, &r)) value_error(arg, ": size arithmetic overflows int64 (", a, " + ", b, ")");
-  return r;
-}
-inline int64_t checked_mul(int64_t a, int64_t b, const char* arg) {
-  int64_t r;
-  if (!mul_fits(a, b, &r)) value_error(arg, ": size arithmetic overflows int64 (", a, " * ", b, ")");
   return r;
 }
 
