@@ -77,12 +77,49 @@ const DLPackExchangeAPI* lookup_api(PyTypeObject* type) {
   return api;
 }
 
+// The producer refused to export `obj` (torch: a meta, sparse or conjugate
+// tensor): a ValueError naming the argument with the producer's first line,
+// in place of its RuntimeError or BufferError (and C++ backtrace).
+[[noreturn]] void raise_unexportable(const char* name) {
+  nb::python_error err;
+  if (!err.matches(PyExc_BufferError) && !err.matches(PyExc_RuntimeError) && !err.matches(PyExc_ValueError) &&
+      !err.matches(PyExc_TypeError))
+    throw err;
+  std::string why = nb::str(err.value()).c_str();
+  why = why.substr(0, why.find('\n'));
+  throw nb::value_error((std::string(name) + ": expected a strided tensor in memory (no meta, sparse, conjugate or "
+                         "negative view), but it cannot be exported: " + why).c_str());
+}
+
+// DLPack has no negative bit: a torch view with it set (torch._neg_view)
+// exports the un-negated values, so it is refused rather than read wrong.
+void expect_no_neg_bit(nb::handle obj, const char* name) {
+  static PyObject* const is_neg = PyUnicode_InternFromString("is_neg");
+  PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), is_neg);
+  if (r == nullptr) {  // not a torch tensor: nothing to check
+    PyErr_Clear();
+    return;
+  }
+  const bool neg = r == Py_True;
+  Py_DECREF(r);
+  if (neg)
+    throw nb::value_error((std::string(name) + ": expected a tensor without torch's negative bit, got a negative "
+                           "view (call .resolve_neg() first)").c_str());
+}
+
 void convert_fallback(nb::handle obj, const char* name, TensorArg& out) {
   if (!nb::hasattr(obj, "__dlpack__")) {
     std::string kind = nb::type_name(obj.type()).c_str();
     throw nb::type_error((std::string(name) + ": expected a tensor (an object with __dlpack__), got " + kind).c_str());
   }
-  nb::object capsule = obj.attr("__dlpack__")();
+  nb::object capsule;
+  try {
+    capsule = obj.attr("__dlpack__")();
+  } catch (nb::python_error& e) {
+    e.restore();
+    raise_unexportable(name);
+  }
+  expect_no_neg_bit(obj, name);
   if (!PyCapsule_IsValid(capsule.ptr(), "dltensor"))
     throw nb::type_error((std::string(name) + ": __dlpack__() did not return a 'dltensor' capsule").c_str());
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
@@ -101,7 +138,8 @@ void convert(nb::handle obj, const char* name, TensorArg& out) {
     throw nb::type_error((std::string(name) + ": expected a tensor, got None").c_str());
   const DLPackExchangeAPI* api = lookup_api(Py_TYPE(obj.ptr()));
   if (api == nullptr) return convert_fallback(obj, name, out);
-  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &out.dl) != 0) throw nb::python_error();
+  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &out.dl) != 0) raise_unexportable(name);
+  expect_no_neg_bit(obj, name);
   out.api = api;
   out.present = true;
 }

@@ -423,7 +423,10 @@ MLA_BAD = [
     ("kpe_cache", lambda a: a["kpe_cache"].half(), ValueError, "kpe_cache: expected bfloat16 \\(the dtype of ckv_cache\\)"),
     ("batch_indices", lambda a: a["batch_indices"][:2], ValueError, "batch_indices: expected 1-D int32 or int64 of length nnz=4"),
     ("positions", lambda a: a["positions"].float(), ValueError, "positions: expected 1-D int32 or int64"),
-    ("kv_indptr", lambda a: a["kv_indptr"][:1], ValueError, "kv_indptr: expected 1-D int32 or int64 of length batch\\+1=2"),
+    # The batch is len(kv_indptr)-1 (FlashInfer): kv_last_page_len is checked against it.
+    ("kv_indptr", lambda a: a["kv_indptr"][:0], ValueError, "kv_indptr: expected at least 1 element \\(batch\\+1\\)"),
+    ("kv_last_page_len", lambda a: a["kv_last_page_len"][:0], ValueError,
+     "kv_last_page_len: expected 1-D int32 or int64 of length len\\(kv_indptr\\)-1=1"),
     ("kv_indices", lambda a: a["kv_indices"].long(), ValueError, "kv_indices: expected int32 \\(the dtype of kv_indptr\\)"),
     ("kv_last_page_len", lambda a: a["kv_last_page_len"].view(1, 1), ValueError, "kv_last_page_len: expected 1-D"),
     ("kv_indices", lambda a: None, TypeError, "kv_indices: expected a tensor, got None"),

@@ -540,6 +540,69 @@ def test_decode_property(data):
         assert (lse.double()[fin] - ref_l[fin]).abs().max().item() <= 2e-3
 
 
+# --- huge logical sizes (issue 28) -------------------------------------------------
+# expand() gives an argument a size near INT64_MAX / INT32_MAX in one element
+# of memory. The op either runs (reading only what it needs) or raises
+# ValueError/TypeError naming an argument, with its outputs untouched.
+
+HUGE_SIZES = [INT64_MAX, INT64_MAX - 1, 2**62, 2**61 + 1, 2**59, 2**32, 2**31, 2**31 - 1]
+
+
+def huge_like(t, n, draw):
+    """`t`'s first element broadcast to n elements in dim 0 (2-D: rows or columns)."""
+    one = t.reshape(-1)[:1] if t.numel() else torch.zeros(1, dtype=t.dtype)
+    if t.dim() == 2:  # torch itself refuses more than 2^63-1 elements
+        if draw(st.booleans()):
+            return one.view(1, 1).expand(min(n, INT64_MAX // t.shape[1]), t.shape[1])
+        return one.view(1, 1).expand(t.shape[0], min(n, INT64_MAX // t.shape[0]))
+    return one.expand(n)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(st.data())
+def test_huge_expanded_sizes_property(data):
+    draw = data.draw
+    n = draw(st.sampled_from(HUGE_SIZES))
+    op = draw(st.sampled_from(["slot_mapping", "page_indices_from_block_table", "append_paged_mla_kv_cache"]))
+    dt = draw(st.sampled_from([torch.int32, torch.int64]))
+    idx = lambda v: torch.tensor(v, dtype=dt)
+    if op == "slot_mapping":
+        args = dict(batch_indices=idx([0, 1]), positions=idx([0, 3]), kv_indices=idx([0, 1, 2]),
+                    kv_indptr=idx([0, 2, 3]))
+        name = draw(st.sampled_from(sorted(args)))
+        args[name] = huge_like(args[name], n, draw)
+        call = lambda: mlacore.slot_mapping(args["batch_indices"], args["positions"], args["kv_indices"],
+                                            args["kv_indptr"], 4)
+        outputs = []
+    elif op == "page_indices_from_block_table":
+        out = torch.full((6,), -5, dtype=dt)
+        args = dict(block_table=idx([[1, 2], [3, 4]]), cu_num_blocks=idx([0, 2, 4]))
+        name = draw(st.sampled_from(sorted(args)))
+        args[name] = huge_like(args[name], n, draw)
+        call = lambda: mlacore.page_indices_from_block_table(args["block_table"], args["cu_num_blocks"], out)
+        outputs = [out]
+    else:
+        ckv = torch.full((3, 2, 512), 5.0, dtype=torch.bfloat16)
+        kpe = torch.full((3, 2, 64), 5.0, dtype=torch.bfloat16)
+        args = dict(batch_indices=idx([0, 1]), positions=idx([0, 1]), kv_indices=idx([0, 2]),
+                    kv_indptr=idx([0, 1, 2]), kv_last_page_len=idx([1, 2]))
+        name = draw(st.sampled_from(sorted(args)))
+        args[name] = huge_like(args[name], n, draw)
+        src_ckv, src_kpe = torch.randn(2, 512).to(torch.bfloat16), torch.randn(2, 64).to(torch.bfloat16)
+        strict = draw(st.booleans())
+        call = lambda: mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, args["batch_indices"], args["positions"],
+                                                         ckv, kpe, args["kv_indices"], args["kv_indptr"],
+                                                         args["kv_last_page_len"], strict=strict)
+        outputs = [ckv, kpe]
+    CASES[op] += 1
+    before = [t.clone() for t in outputs]
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        assert any(a in str(e) for a in list(args) + ["out", "nnz"]), f"names no argument: {e}"
+        assert all(torch.equal(t, b) for t, b in zip(outputs, before)), "a refused call wrote"
+
+
 def test_zz_case_counts():
     """Prints the number of cases each property test ran (pytest -s shows them)."""
     total = sum(CASES.values())

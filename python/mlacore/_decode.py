@@ -177,6 +177,7 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = None
         self._md = None
         self._planned = False
+        self._total_qo = None  # qo_indptr[-1] of an eager plan: run() checks q's rows against it
 
     # --- plan ---------------------------------------------------------------
 
@@ -267,6 +268,7 @@ class BatchMLAPagedAttentionWrapper:
         max_qo = max(info.max_qo_len, 1)
         # One schedule: the workspace holds its partials (the budget kept them within it).
         self._capacity = (self._plan.max_batch, self._plan.max_work, max_qo, info.num_partials)
+        self._total_qo = info.total_qo
         self._md = self._plan.metadata
 
     def _plan_graph(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, batch):
@@ -344,6 +346,10 @@ class BatchMLAPagedAttentionWrapper:
         if q_nope.dim() == 3 and q_nope.shape[1] != self._num_heads:
             raise ValueError(f"q_nope: expected {self._num_heads} heads (plan's num_heads) in dim 1, got shape "
                              f"{tuple(q_nope.shape)}")
+        if self._total_qo is not None and q_nope.dim() > 0 and q_nope.shape[0] != self._total_qo:
+            # Rows past the plan would come back unwritten, rows short of it unread.
+            raise ValueError(f"q_nope: expected {self._total_qo} rows (qo_indptr[-1] of the plan), got "
+                             f"{q_nope.shape[0]}")
         if out is None:
             out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
         if return_lse and lse is None:

@@ -24,6 +24,16 @@ def _vector_length(t, name: str) -> int:
     return t.shape[0]
 
 
+def _empty_index(n: int, dtype, device, name: str) -> torch.Tensor:
+    # An output of `n` elements, `n` coming from argument `name`: a size torch
+    # cannot allocate is a ValueError naming it, not torch's RuntimeError.
+    try:
+        return torch.empty(n, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as e:
+        raise ValueError(f"{name}: cannot allocate an output of {n} {str(dtype).replace('torch.', '')} elements "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
 def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -39,7 +49,7 @@ def _slot_mapping_impl(batch_indices, positions, kv_indices, kv_indptr, page_siz
     _check_int(page_size, "page_size", 1)
     if num_pages is not None:
         _check_int(num_pages, "num_pages", 0)
-    out = torch.empty(nnz, dtype=torch.int64, device=batch_indices.device)
+    out = _empty_index(nnz, torch.int64, batch_indices.device, "batch_indices")
     _mlacore.slot_mapping(batch_indices, positions, kv_indices, kv_indptr, page_size,
                           -1 if num_pages is None else num_pages, out)
     return out
@@ -115,8 +125,8 @@ def _batch_positions_impl(append_indptr, seq_lens, nnz):
     else:
         raise TypeError(f"append_indptr: expected a tensor, got {type(append_indptr).__name__}")
     _check_int(nnz, "nnz", 0)
-    batch_indices = torch.empty(nnz, dtype=torch.int32, device=device)
-    positions = torch.empty(nnz, dtype=torch.int32, device=device)
+    batch_indices = _empty_index(nnz, torch.int32, device, "nnz")
+    positions = _empty_index(nnz, torch.int32, device, "nnz")
     _mlacore.batch_indices_positions(append_indptr, seq_lens, batch_indices, positions)
     return batch_indices, positions
 

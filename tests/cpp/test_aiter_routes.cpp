@@ -28,6 +28,7 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "host_tensor.h"
 
 namespace {
 
@@ -38,22 +39,7 @@ constexpr DLDataType kI32{kDLInt, 32, 1};
 constexpr DLDataType kI64{kDLInt, 64, 1};
 constexpr DLDataType kU8{kDLUInt, 8, 1};
 
-// A CPU DLTensor over caller-owned memory; strides empty = compact.
-struct Tensor {
-  std::vector<int64_t> shape, strides;
-  DLTensor dl{};
-  Tensor(void* data, DLDataType dtype, std::vector<int64_t> s, std::vector<int64_t> st = {})
-      : shape(std::move(s)), strides(std::move(st)) {
-    dl.data = data;
-    dl.device = {kDLCPU, 0};
-    dl.ndim = static_cast<int>(shape.size());
-    dl.dtype = dtype;
-    dl.shape = shape.data();
-    dl.strides = strides.empty() ? nullptr : strides.data();
-  }
-  Tensor(const Tensor&) = delete;
-  const DLTensor* p() const { return &dl; }
-};
+using Tensor = HostTensor;
 
 // The fake's test-only readers, through the handle the core's loader opened.
 struct Fake {

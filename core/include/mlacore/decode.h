@@ -31,7 +31,8 @@ typedef struct mlacore_decode_dims {
 #define MLACORE_DECODE_CAUSAL 1u   /* query token t of a request with qo_len q, kv_len L sees positions < L - q + t + 1 */
 #define MLACORE_DECODE_PORTABLE 2u /* GPU: use the portable SIMT kernel (the HIP kernel) instead of the tensor-core one */
 
-/* Bytes of `workspace` a decode with these capacities and head count needs. */
+/* Bytes of `workspace` a decode with these capacities and head count needs;
+ * -1 when a dim or num_heads is negative or the byte count overflows int64. */
 MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads);
 
 /* The workspace sizing policy, shared by every caller. A workspace of

@@ -67,9 +67,12 @@ void set_indices(Job& job, const Arg& anchor, int64_t nnz, int64_t num_pages, in
                  const Arg& pos, const Arg& idx, const Arg& ptr, const Arg& last) {
   bi.expect_index_vector(nnz, "nnz");
   pos.expect_index_vector(nnz, "nnz");
-  last.expect_index_vector();
-  const int64_t batch = last.size(0);
-  ptr.expect_index_vector(batch + 1, "batch+1");
+  // The batch is defined by kv_indptr (as in FlashInfer); kv_last_page_len
+  // must match it.
+  ptr.expect_index_vector();
+  if (ptr.size(0) < 1) value_error(ptr.name(), ": expected at least 1 element (batch+1), got ", ptr.describe());
+  const int64_t batch = ptr.size(0) - 1;
+  last.expect_index_vector(batch, "len(kv_indptr)-1");
   idx.expect_index_vector();
   if (idx.dtype() != ptr.dtype())
     value_error(idx.name(), ": expected ", dtype_name(ptr.dtype()), " (the dtype of ", ptr.name(), "), got ",

@@ -1,5 +1,9 @@
 #include "common/tensor.h"
 
+#include <algorithm>
+#include <limits>
+
+#include "common/checked.h"
 #include "common/error.h"
 
 namespace mlacore {
@@ -61,17 +65,57 @@ Arg::Arg(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
   for (int i = 0; i < tensor->ndim; ++i)
     if (tensor->shape[i] < 0) value_error(name, ": malformed DLTensor (negative size in dim ", i, ")");
   dtype_ = dtype_of(tensor->dtype);
+  expect_addressable();
+}
+
+// Every size computation on this tensor afterwards (numel, numel * itemsize,
+// index * stride * itemsize for an index within its dim) fits int64, so the
+// ops index it without overflow checks of their own.
+void Arg::expect_addressable() const {
+  for (int i = 0; i < t_->ndim; ++i)
+    if (t_->shape[i] == 0) return;  // nothing is addressed: any data pointer, strides and other sizes
+  int64_t n = 1;
+  for (int i = 0; i < t_->ndim; ++i)
+    if (!mul_fits(n, t_->shape[i], &n))
+      value_error(name_, ": expected at most 2^63-1 elements, got a tensor of shape ", shape_str(*t_));
+  const int64_t es = std::max<int64_t>(1, (int64_t(t_->dtype.bits) * std::max<int>(t_->dtype.lanes, 1) + 7) / 8);
+  int64_t span = 0;  // bytes from the lowest to the highest element address
+  for (int i = 0; i < t_->ndim; ++i) {
+    const int64_t st = stride(i);
+    int64_t reach;
+    if (st == std::numeric_limits<int64_t>::min() || !mul_fits(t_->shape[i] - 1, st < 0 ? -st : st, &reach) ||
+        !mul_fits(reach, es, &reach) || !add_fits(span, reach, &span))
+      value_error(name_, ": expected strides whose byte span fits int64, got shape ", shape_str(*t_), " with stride ",
+                  st, " in dim ", i);
+  }
+  int64_t bytes;
+  if (!mul_fits(n, es, &bytes))
+    value_error(name_, ": expected a byte size that fits int64, got ", n, " elements of ", es, " bytes");
+  if (t_->data == nullptr)
+    value_error(name_, ": expected a data pointer for a non-empty tensor, got NULL (shape ", shape_str(*t_), ")");
+}
+
+void Arg::expect_element_aligned() const {
+  const int64_t isz = itemsize(dtype_);
+  if (numel() > 0 && isz > 1 && reinterpret_cast<uintptr_t>(data()) % uint64_t(isz) != 0)
+    value_error(name_, ": expected a ", isz, "-byte aligned address for ", dtype_name(dtype_), " elements, got ",
+                data());
 }
 
 int64_t Arg::stride(int dim) const noexcept {
   if (t_->strides != nullptr) return t_->strides[dim];
+  // Fits int64 for any tensor with elements (the constructor checked the
+  // element count); an empty one may have sizes whose product does not.
   int64_t s = 1;
-  for (int i = t_->ndim - 1; i > dim; --i) s *= t_->shape[i];
+  for (int i = t_->ndim - 1; i > dim; --i)
+    if (!mul_fits(s, t_->shape[i], &s)) return std::numeric_limits<int64_t>::max();
   return s;
 }
 
 int64_t Arg::numel() const noexcept {
-  int64_t n = 1;
+  for (int i = 0; i < t_->ndim; ++i)
+    if (t_->shape[i] == 0) return 0;
+  int64_t n = 1;  // fits: the constructor checked the product
   for (int i = 0; i < t_->ndim; ++i) n *= t_->shape[i];
   return n;
 }
@@ -122,7 +166,10 @@ void Arg::expect_size(int dim, int64_t expected, const char* what) const {
 void Arg::expect_index_vector(int64_t length, const char* length_desc) const {
   const bool ok_kind = ndim() == 1 && (dtype_ == DType::I32 || dtype_ == DType::I64);
   const bool ok_len = length < 0 || (ndim() == 1 && size(0) == length);
-  if (ok_kind && ok_len) return;
+  if (ok_kind && ok_len) {
+    expect_element_aligned();
+    return;
+  }
   std::string expected = "1-D int32 or int64";
   if (length >= 0) {
     expected += " of length ";

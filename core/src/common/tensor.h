@@ -19,7 +19,9 @@ int64_t itemsize(DType d) noexcept;
 
 enum class DeviceKind : uint8_t { CPU, CUDA, ROCM, Other };
 
-// One validated argument: a non-null DLTensor with a name for messages.
+// One validated argument: a non-null DLTensor with a name for messages. The
+// constructor refuses a malformed tensor, one whose element count, byte size
+// or stride span leaves int64, and a non-empty one with a NULL data pointer.
 class Arg {
  public:
   Arg(const DLTensor* tensor, const char* name);  // type_error when tensor is NULL
@@ -49,15 +51,19 @@ class Arg {
   void expect_ndim(int n) const;
   void expect_dtype(std::initializer_list<DType> allowed) const;
   void expect_size(int dim, int64_t expected, const char* what = nullptr) const;
-  // 1-D int32/int64 of `length` elements (length < 0: any); `length_desc`
-  // says where the length comes from ("batch+1=9").
+  // 1-D int32/int64 of `length` elements (length < 0: any), element-aligned;
+  // `length_desc` says where the length comes from ("batch+1=9").
   void expect_index_vector(int64_t length = -1, const char* length_desc = nullptr) const;
+  // The first element at an address that is a multiple of the element size
+  // (an empty tensor is never read: any address).
+  void expect_element_aligned() const;
   void expect_same_device(const Arg& other) const;
   void expect_last_dim_contiguous() const;
   void expect_contiguous() const;
 
  private:
   [[noreturn]] void fail(const std::string& expected) const;
+  void expect_addressable() const;
 
   const DLTensor* t_;
   const char* name_;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/aiter/aiter_decode.h"
+#include "common/checked.h"
 #include "backends/backend_route.h"
 #include "plan/schedule.h"
 #include "common/dispatch.h"
@@ -296,7 +297,8 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   qn.expect_ndim(3);
   qn.expect_dtype({DType::BF16, DType::F16});
   const int64_t total_q = qn.size(0), H = qn.size(1);
-  if (H < 1 || H > 128) value_error("q_nope: expected 1 to 128 heads in dim 1, got ", qn.describe());
+  if (H < 1 || H > kMaxDecodeHeads)
+    value_error("q_nope: expected 1 to ", kMaxDecodeHeads, " heads in dim 1, got ", qn.describe());
   qn.expect_size(2, kCkvDim, "head_dim_ckv");
   qn.expect_last_dim_contiguous();
   qp.expect_ndim(3);
@@ -336,11 +338,20 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
                   a->describe());
   }
 
-  if (dims.max_batch < 1 || dims.max_work < 1 || dims.max_qo_len < 1)
-    value_error("dims: expected max_batch, max_work and max_qo_len >= 1, got ", dims.max_batch, ", ", dims.max_work,
-                ", ", dims.max_qo_len);
+  if (dims.max_batch < 1 || dims.max_batch > kMaxScheduleCapacity)
+    value_error("dims.max_batch: expected 1 <= max_batch <= ", kMaxScheduleCapacity, ", got ", dims.max_batch);
+  if (dims.max_work < 1 || dims.max_work > kMaxScheduleCapacity)
+    value_error("dims.max_work: expected 1 <= max_work <= ", kMaxScheduleCapacity, ", got ", dims.max_work);
+  // The schedule header holds max_qo_len as int32.
+  if (dims.max_qo_len < 1 || dims.max_qo_len > std::numeric_limits<int32_t>::max())
+    value_error("dims.max_qo_len: expected 1 <= max_qo_len <= 2^31-1, got ", dims.max_qo_len);
   if (dims.max_partials < 0 || dims.max_partials > dims.max_work)
-    value_error("dims: expected max_partials in [0, max_work=", dims.max_work, "], got ", dims.max_partials);
+    value_error("dims.max_partials: expected max_partials in [0, max_work=", dims.max_work, "], got ",
+                dims.max_partials);
+  const int64_t ws_needed = mlacore_mla_decode_workspace_bytes(dims, H);
+  if (ws_needed < 0)
+    value_error("dims: the workspace for max_partials=", dims.max_partials, " x max_qo_len=", dims.max_qo_len,
+                " x heads=", H, " rows overflows int64 bytes");
   const int64_t md_len = ScheduleLayout{dims.max_batch, dims.max_work}.total();
   md.expect_index_vector(md_len, "ScheduleLayout{max_batch, max_work}.total()");
   md.expect_dtype({DType::I32});
@@ -349,7 +360,6 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
 
   ws.expect_contiguous();
   ws.expect_same_device(qn);
-  const int64_t ws_needed = mlacore_mla_decode_workspace_bytes(dims, H);
   const int64_t ws_bytes = ws.numel() * itemsize(ws.dtype());
   if (ws_bytes < ws_needed)
     value_error("workspace: expected at least ", ws_needed, " bytes (max_partials=", dims.max_partials,
@@ -437,9 +447,12 @@ extern "C" {
 MLACORE_API int64_t mlacore_mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads) {
   if (dims.max_partials < 0 || dims.max_qo_len < 0 || num_heads < 0) return -1;
   // fp32 partial outputs then their LSEs; the LSE block starts 16-byte aligned
-  // because the output block is a multiple of 512 floats.
-  return dims.max_partials * mlacore::decode_partial_rows(dims.max_qo_len, num_heads) * (mlacore::kCkvDim + 1) *
-         static_cast<int64_t>(sizeof(float));
+  // because the output block is a multiple of 512 floats. -1 when it leaves int64.
+  int64_t bytes;
+  if (!mlacore::mul_fits(dims.max_qo_len, num_heads, &bytes) || !mlacore::mul_fits(bytes, dims.max_partials, &bytes) ||
+      !mlacore::mul_fits(bytes, (mlacore::kCkvDim + 1) * static_cast<int64_t>(sizeof(float)), &bytes))
+    return -1;
+  return bytes;
 }
 
 MLACORE_API int64_t mlacore_mla_decode_workspace_rows(int64_t workspace_bytes) {

@@ -24,7 +24,7 @@ namespace {
 constexpr int64_t kMaxInt32 = 2147483647;
 // Work items and partials share one int32-indexed space; the scan that
 // places them needs both totals below 2^31.
-constexpr int64_t kMaxCapacity = int64_t{1} << 28;
+constexpr int64_t kMaxCapacity = kMaxScheduleCapacity;
 
 [[maybe_unused]] int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
@@ -133,7 +133,7 @@ void check_scalar_args(const ScheduleInputs& in, const ScheduleLayout& layout) {
   // The C ABI passes both as int32; the bound keeps the products below in
   // int64 for C++ callers too.
   if (in.page_size > kMaxInt32) value_error("page_size: expected <= 2^31-1, got ", in.page_size);
-  if (in.num_heads > kMaxInt32) value_error("num_heads: expected <= 2^31-1, got ", in.num_heads);
+  if (in.num_heads > kMaxDecodeHeads) value_error("num_heads: expected <= ", kMaxDecodeHeads, ", got ", in.num_heads);
 }
 
 // The scalar checks of validate_schedule_inputs().
@@ -331,6 +331,7 @@ ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg
   len.expect_same_device(qo);
   if (page_size < 1) value_error("page_size: expected >= 1, got ", page_size);
   if (num_heads < 1) value_error("num_heads: expected >= 1, got ", num_heads);
+  if (num_heads > kMaxDecodeHeads) value_error("num_heads: expected <= ", kMaxDecodeHeads, ", got ", num_heads);
 
   meta.expect_ndim(1);
   meta.expect_dtype({DType::I32});

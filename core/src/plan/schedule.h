@@ -18,6 +18,9 @@ namespace mlacore {
 constexpr int32_t kDecodeTileTokens = 64;
 // Query rows (qo_len * heads, packed) per CTA.
 constexpr int32_t kDecodeTileRows = 64;
+// Heads the decode kernels take; the plan refuses more, which also keeps its
+// cost sums (query tiles x KV tiles over a batch) within int64.
+constexpr int64_t kMaxDecodeHeads = 128;
 
 // One unit of decode work. request < 0 marks padding (a no-op), so a grid
 // sized for the capacity stays valid for any smaller batch (CUDA graphs).
@@ -41,6 +44,10 @@ enum ScheduleHeader : int32_t {
   kHdrError = 7,        // 0, or kPlanError* bits (plan_builder.h): such requests got no work
   kHdrSize = 8
 };
+
+// The largest max_batch and max_work a schedule may have: every offset of
+// the layout below then fits int32 with room to spare.
+constexpr int64_t kMaxScheduleCapacity = int64_t{1} << 28;
 
 // Offsets (in int32 elements) of each section of the metadata buffer for a
 // capacity of max_batch requests and max_work work items.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/checked.h"
 #include "common/dispatch.h"
 #include "common/error.h"
 #include "slots/slot_mapping.h"
@@ -71,6 +72,7 @@ MLACORE_API mlacore_status mlacore_slot_mapping(const DLTensor* batch_indices, c
     o.expect_ndim(1);
     o.expect_dtype({DType::I64});
     o.expect_size(0, bi.size(0), "len(batch_indices)");
+    o.expect_element_aligned();
     for (const Arg* a : {&pos, &indices, &indptr, &o}) a->expect_same_device(bi);
     if (page_size < 1) value_error("page_size: expected >= 1, got ", page_size);
     // Pages at or above this bound have slots that do not fit in int64, so
@@ -116,9 +118,11 @@ MLACORE_API mlacore_status mlacore_page_indices_from_block_table(const DLTensor*
     const Arg table(block_table, "block_table"), cu(cu_num_blocks, "cu_num_blocks"), o(out, "out");
     table.expect_ndim(2);
     table.expect_dtype({DType::I32, DType::I64});
-    cu.expect_index_vector(table.size(0) + 1, "batch+1");
+    table.expect_element_aligned();
+    cu.expect_index_vector(checked_add(table.size(0), 1, table.name()), "batch+1");
     o.expect_ndim(1);
     expect_same_dtype(o, table);
+    o.expect_element_aligned();
     cu.expect_same_device(table);
     o.expect_same_device(table);
 
