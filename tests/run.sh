@@ -74,7 +74,7 @@ build/consumer/cmake/consumer
 
 step "C++ decode example (examples/cpp_decode)"
 if command -v nvcc >/dev/null && [ "$("$PY" -c 'import mlacore; print(int(mlacore.built_with("cuda")))')" = 1 ]; then
-  quiet cpp-decode-pc make -C examples/cpp_decode BUILD="$PWD/build/cpp_decode" PKG_CONFIG_PATH="$PCDIR"
+  quiet cpp-decode-pc env PKG_CONFIG_PATH="$PCDIR" make -B -C examples/cpp_decode BUILD="$PWD/build/cpp_decode"
   quiet cpp-decode-cmake-configure cmake -S examples/cpp_decode -B build/cpp_decode/cmake -Dmlacore_DIR="$CMAKEDIR"
   quiet cpp-decode-cmake-build cmake --build build/cpp_decode/cmake
   echo "built through pkg-config and CMake"
