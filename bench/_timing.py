@@ -92,13 +92,24 @@ def device_ms(fn, repeats=50, warmup=5, flush=None, settle_s=0.1):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def cpu_ms(fn, repeats=20, warmup=2):
-    """Median wall time of fn() on the CPU in milliseconds."""
-    for _ in range(warmup):
+def cpu_ms(fn, repeats=20, warmup=3, settle_s=0.05, min_sample_s=0.002):
+    """Median wall time of fn() on the CPU in milliseconds.
+
+    The warm-up runs at least `warmup` calls and `settle_s` seconds, so a
+    cold first call (page faults, lazy initialization, caches) is never timed.
+    A call shorter than `min_sample_s` is timed as the mean of a loop long
+    enough to reach it, so microsecond calls are not lost in timer and
+    scheduler noise: a ratio of two such calls then holds from run to run."""
+    t0, done = time.perf_counter(), 0
+    while done < warmup or time.perf_counter() - t0 < settle_s:
         fn()
+        done += 1
+    per_call = (time.perf_counter() - t0) / done
+    inner = max(1, min(10000, int(min_sample_s / max(per_call, 1e-9)) + 1))
     times = []
-    for _ in range(repeats):
+    for _ in range(max(repeats, 5)):
         t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e3 / inner)
     return statistics.median(times)
