@@ -93,7 +93,7 @@ step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU paths)"
 # this meson; anything else (half made, another meson) is set up again.
 ASAN=build/asan
 ASAN_ARGS=(-Dgpu=none -Dtests=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized)
-stamp="${MESON[*]} $("${MESON[@]}" --version) ${ASAN_ARGS[*]}"
+stamp="$("$PY" -c 'import sys; print(sys.executable)') meson $("${MESON[@]}" --version) ${ASAN_ARGS[*]}"
 if [ ! -f "$ASAN/.run-sh-stamp" ] || [ "$(cat "$ASAN/.run-sh-stamp")" != "$stamp" ]; then
   rm -rf "$ASAN"
   quiet asan-setup "${MESON[@]}" setup "$ASAN" "${ASAN_ARGS[@]}"
