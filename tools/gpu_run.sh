@@ -49,10 +49,16 @@ for step in $STEPS; do
         -x -q -p no:cacheprovider "$ROOT/tests" -k "${step#gdb:}" 2>&1) > "$OUT/gdb.txt"
       grep -A25 -m1 "SIGSEGV\|signal" "$OUT/gdb.txt" | head -40 ;;
     cpp_decode)
-      # examples/cpp_decode through the installed package's CMake files, then
-      # run: 16 and 128 heads (the mma.sync and wgmma kernels), 6 steps each.
-      { cmake -S examples/cpp_decode -B build/cpp_decode -Dmlacore_DIR="$(python3 -m mlacore --cmakedir)" &&
-        cmake --build build/cpp_decode && build/cpp_decode/cpp_decode 16 6 && build/cpp_decode/cpp_decode 128 6
+      # examples/cpp_decode built with the installed package's flags (CI builds it
+      # through CMake and pkg-config), then run: 16 and 128 heads (the mma.sync
+      # and wgmma kernels), 6 steps each.
+      cuda_home=${CUDA_HOME:-${CUDA_PATH:-}}
+      [ -n "$cuda_home" ] || cuda_home=/usr/local/cuda
+      [ -f "$cuda_home/include/cuda_runtime.h" ] || cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+      { mkdir -p build/cpp_decode &&
+        c++ -std=c++17 -O2 examples/cpp_decode/main.cpp $(python3 -m mlacore --cflags --libs) \
+          -I"$cuda_home/include" -L"$cuda_home/lib64" -Wl,-rpath,"$cuda_home/lib64" -lcudart -o build/cpp_decode/cpp_decode &&
+        build/cpp_decode/cpp_decode 16 6 && build/cpp_decode/cpp_decode 128 6
       } > "$OUT/cpp_decode.txt" 2>&1
       echo "cpp_decode: rc=$? $(tail -1 "$OUT/cpp_decode.txt")"; grep -E "step|out|lse|ref|cache|skipped" "$OUT/cpp_decode.txt" | tail -40 ;;
     mesontest)
