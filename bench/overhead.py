@@ -1,8 +1,8 @@
 """Host time per call of mlacore's entry points next to one torch.add_ call.
 
 What an engine pays in Python per decode step, per layer, before any kernel
-runs. Bars: the core no-op taking 9 tensors <= 1.5x torch.add_ (issue 2);
-each append at nnz=32 <= 1.3x torch.add_ (issue 4). The other ops are
+runs. Bars: the core no-op taking 9 tensors <= 1.5x torch.add_;
+each append at nnz=32 <= 1.3x torch.add_. The other ops are
 reported against the same baseline.
 """
 
@@ -95,5 +95,5 @@ def run(ctx):
     t.notes.append(f"torch.add_ measured again after the ops: {add_again:.2f} us (drift check)")
     if ctx.gpu:
         t.notes.append("calls timed in bursts of 64 with the GPU drained between bursts (untimed)")
-    t.notes.append("bars: core no-op <= 1.5x torch.add_ (issue 2); each append <= 1.3x (issue 4)")
+    t.notes.append("bars: core no-op <= 1.5x torch.add_; each append <= 1.3x")
     return [t]

@@ -15,7 +15,7 @@ Compared in the same run, per batch size:
 - where the build's time goes: the same build on host inputs (schedule + H2D
   upload, no round trip) and on a CPU plan (binding + schedule alone).
 
-The bar (issue 3): build <= 1.3x the bare pinned round trip, the two timed in
+The bar: build <= 1.3x the bare pinned round trip, the two timed in
 alternating rounds (9 of 2000 calls each, medians). Without a GPU
 the mode plans CPU tensors at small sizes (no round trip exists there).
 """
@@ -86,6 +86,7 @@ def run(ctx):
               ["batch", "bare D2H", "build", "x bare", "build+info", "3x .cpu()+build", "flashinfer", "build_device",
                "host-input build", "schedule only"],
               plot=("batch", ["bare D2H", "build", "3x .cpu()+build", "flashinfer", "build_device"], True, False))
+    t.units = {c: "us" for c in t.columns if c not in ("batch", "x bare")}
     worst = 0.0
     for b in batches:
         qo, kv, kv_len = _batch(b, dev, gen)

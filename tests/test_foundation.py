@@ -26,7 +26,7 @@ def test_paths_point_at_real_files():
     inc = mlacore.get_include()
     assert os.path.isfile(os.path.join(inc, "mlacore", "mlacore.h"))
     assert os.path.isfile(os.path.join(inc, "dlpack", "dlpack.h"))
-    assert os.path.isfile(os.path.join(mlacore.get_library_dir(), "libmlacore.so"))
+    assert os.path.isfile(os.path.join(mlacore.get_library_dir(), "libmlacore.so.0"))
     assert os.path.isfile(os.path.join(mlacore.get_cmake_dir(), "mlacoreConfig.cmake"))
     assert os.path.isfile(os.path.join(mlacore.get_pkgconfig_dir(), "mlacore.pc"))
     assert run_module("--cflags").strip() == f"-I{inc}"
@@ -34,13 +34,19 @@ def test_paths_point_at_real_files():
     assert run_module("--cmakedir").strip() == mlacore.get_cmake_dir()
 
 
-def test_library_has_no_soversion_and_no_torch():
-    lib = os.path.join(mlacore.get_library_dir(), "libmlacore.so")
+def test_library_has_a_versioned_soname_and_no_torch():
+    lib = os.path.join(mlacore.get_library_dir(), "libmlacore.so.0")
     dynamic = subprocess.run(["objdump", "-p", lib], capture_output=True, text=True).stdout.splitlines()
     needed = [line.split()[-1] for line in dynamic if line.strip().startswith("NEEDED")]
     soname = [line.split()[-1] for line in dynamic if line.strip().startswith("SONAME")]
-    assert soname in ([], ["libmlacore.so"])
+    assert soname == ["libmlacore.so.0"]
     assert needed and not [n for n in needed if "torch" in n or "python" in n.lower()]
+    # -lmlacore finds it through the linker script beside it.
+    with open(os.path.join(mlacore.get_library_dir(), "libmlacore.so")) as f:
+        assert "INPUT(libmlacore.so.0)" in f.read()
+    # The bindings load it by that name.
+    ext = subprocess.run(["objdump", "-p", _mlacore.__file__], capture_output=True, text=True).stdout
+    assert "libmlacore.so.0" in [line.split()[-1] for line in ext.splitlines() if line.strip().startswith("NEEDED")]
 
 
 def test_noop_accepts_tensors_and_rejects_objects():

@@ -21,7 +21,7 @@ if [ "${MLACORE_SKIP_BUILD:-0}" != 1 ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
   t0=$(date +%s)
   if ! python3 -m pip install -q --no-build-isolation --no-deps -Csetup-args=-Dsm_targets=90a \
-       -Cbuild-dir=build/gpu . > "$OUT/build.txt" 2>&1; then
+       -Csetup-args=-Dtests=true -Cbuild-dir=build/gpu . > "$OUT/build.txt" 2>&1; then
     tail -60 "$OUT/build.txt"; exit 1
   fi
   echo "build: $(( $(date +%s) - t0 )) s"
@@ -47,6 +47,19 @@ for step in $STEPS; do
       (cd /tmp && timeout 240 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 -m pytest \
         -x -q -p no:cacheprovider "$ROOT/tests" -k "${step#gdb:}" 2>&1) > "$OUT/gdb.txt"
       grep -A25 -m1 "SIGSEGV\|signal" "$OUT/gdb.txt" | head -40 ;;
+    cpp_decode)
+      # examples/cpp_decode built with the installed package's flags (CI builds it
+      # through CMake and pkg-config), then run: 16 and 128 heads (the mma.sync
+      # and wgmma kernels), 6 steps each.
+      cuda_home=${CUDA_HOME:-${CUDA_PATH:-}}
+      [ -n "$cuda_home" ] || cuda_home=/usr/local/cuda
+      [ -f "$cuda_home/include/cuda_runtime.h" ] || cuda_home=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+      { mkdir -p build/cpp_decode &&
+        c++ -std=c++17 -O2 examples/cpp_decode/main.cpp $(python3 -m mlacore --cflags --libs) \
+          -I"$cuda_home/include" -L"$cuda_home/lib64" -Wl,-rpath,"$cuda_home/lib64" -lcudart -o build/cpp_decode/cpp_decode &&
+        build/cpp_decode/cpp_decode 16 6 && build/cpp_decode/cpp_decode 128 6
+      } > "$OUT/cpp_decode.txt" 2>&1
+      echo "cpp_decode: rc=$? $(tail -1 "$OUT/cpp_decode.txt")"; grep -E "step|out|lse|ref|cache|skipped" "$OUT/cpp_decode.txt" | tail -40 ;;
     mesontest)
       meson test -C build/gpu --print-errorlogs 2>&1 | grep -E "Ok:|Fail:|FAIL" ;;
     sanitizer-all|sanitizer-all:*)

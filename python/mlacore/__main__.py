@@ -4,33 +4,41 @@ import argparse
 import sys
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        # The benchmarks are reached only here, so `import mlacore` never pays for them.
-        from mlacore.bench import main as bench_main
-
-        return bench_main(argv[1:])
-
-    import mlacore
+def _parser(version: str) -> argparse.ArgumentParser:
+    # The bench's options live with the bench (mlacore.bench imports no torch
+    # until a run starts), so `bench --help` lists them.
+    from mlacore import bench
 
     parser = argparse.ArgumentParser(
         prog="python -m mlacore",
-        description="Build flags for linking libmlacore, or `python -m mlacore bench [--mode ...]`.",
+        description="Build flags for linking libmlacore from C++, or the benchmark (`bench`).",
     )
-    parser.add_argument("--version", action="store_true", help="print the mlacore version")
+    parser.add_argument("--version", action="version", version=version, help="print the mlacore version and exit")
     parser.add_argument("--cflags", action="store_true", help="compiler flags (include path)")
     parser.add_argument("--libs", action="store_true", help="linker flags for libmlacore")
     parser.add_argument("--includedir", action="store_true", help="the include directory")
-    parser.add_argument("--libdir", action="store_true", help="the directory holding libmlacore.so")
+    parser.add_argument("--libdir", action="store_true", help="the directory holding libmlacore.so.0")
     parser.add_argument("--cmakedir", action="store_true", help="the directory holding mlacoreConfig.cmake")
     parser.add_argument("--pkgconfigdir", action="store_true", help="the directory holding mlacore.pc")
-    args = parser.parse_args(argv)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench_parser = commands.add_parser("bench", help="run the benchmarks: " + bench.SUMMARY,
+                                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(bench_parser)
+    return parser
+
+
+def main(argv=None) -> int:
+    import mlacore
+
+    parser = _parser(mlacore.__version__)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "bench":
+        from mlacore.bench import run
+
+        return run(args)
 
     lib = mlacore.get_library_dir()
     out = []
-    if args.version:
-        out.append(mlacore.__version__)
     if args.cflags:
         out.append(f"-I{mlacore.get_include()}")
     if args.libs:

@@ -40,11 +40,41 @@ def _hand_over_aiter_library() -> None:
 _hand_over_aiter_library()
 
 
-def backends() -> dict:
-    """Availability of every backend, e.g.
-    {"native": {"available": True, "devices": ["cpu", "cuda"]},
-     "aiter": {"available": False, "reason": "...", "abi_version": 0, "library": "", "entry_points": []}}.
+def _native_devices() -> tuple[list[str], list[str], str]:
+    """(devices the native backend serves in this process now, GPU backends
+    libmlacore was built with, why a built GPU backend serves nothing here or "")."""
+    import torch
 
+    built = [name for name in ("cuda", "hip") if _mlacore.built_with(name)]
+    # torch names a ROCm device "cuda" too; torch.version.hip tells them apart.
+    torch_gpu = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    devices, why = ["cpu"], []
+    for name in built:
+        if name == torch_gpu and torch.cuda.is_available():
+            devices.append(name)
+        elif name != torch_gpu:
+            why.append(f"libmlacore was built with {name.upper()} but this torch is a "
+                       f"{'ROCm' if torch_gpu == 'hip' else 'CUDA'} build")
+        else:
+            why.append(f"libmlacore was built with {name.upper()} but no GPU is visible here "
+                       "(torch.cuda.is_available() is False)")
+    if not built:
+        why.append("libmlacore was built without a GPU backend (CPU only)")
+    return devices, built, "; ".join(why)
+
+
+def backends() -> dict:
+    """What can run in this process now, and why not, e.g. on a GPU machine
+    {"native": {"available": True, "devices": ["cpu", "cuda"], "built_with": ["cuda"]},
+     "aiter": {"available": False, "reason": "...", "abi_version": 0, "library": "", "entry_points": []}}
+    and on the same build without a GPU
+    {"native": {"available": True, "devices": ["cpu"], "built_with": ["cuda"],
+                "devices_note": "libmlacore was built with CUDA but no GPU is visible here (...)"}, ...}.
+
+    native: `devices` are the devices its kernels serve here and now (the
+    CPU path always; a GPU only when libmlacore was built for it and a device
+    is visible), `built_with` the GPU backends compiled in, `devices_note` why
+    a compiled GPU backend serves nothing here (absent when nothing is missing).
     The AITER probe runs once per process; `backend="auto"` falls back to
     native whenever AITER is unavailable or a call fails one of its gates.
     For AITER: `abi_version` is what the library's aiter_c_abi_version()
@@ -57,7 +87,10 @@ def backends() -> dict:
         available, reason = _mlacore.backend_info(name)
         entry = {"available": available}
         if name == "native":
-            entry["devices"] = ["cpu"] + [d for d in ("cuda", "hip") if _mlacore.built_with(d)]
+            devices, built, note = _native_devices()
+            entry.update(devices=devices, built_with=built)
+            if note:
+                entry["devices_note"] = note
         if not available:
             entry["reason"] = reason
         if name == "aiter":

@@ -133,6 +133,21 @@ class BatchMLAPagedAttentionWrapper:
 
     def __init__(self, float_workspace_buffer, use_cuda_graph=False, qo_indptr=None, kv_indptr=None,
                  kv_indices=None, kv_len_arr=None, backend="auto"):
+        r"""Constructor of :class:`BatchMLAPagedAttentionWrapper`.
+
+        Parameters
+        ----------
+        float_workspace_buffer : torch.Tensor
+            The workspace for the split partial outputs, on the device the decode runs on
+            (:meth:`plan` raises ValueError naming the bytes it needs when it is too small).
+        use_cuda_graph : bool
+            Whether the wrapper is used with CUDA graphs: capacities are fixed by the first plan
+            (or by ``qo_indptr``'s length here) and later plans of device tensors do not synchronize.
+        qo_indptr, kv_indptr, kv_indices, kv_len_arr : Optional[torch.Tensor]
+            FlashInfer's CUDA-graph buffers; only ``qo_indptr``'s length (the batch capacity) is used.
+        backend : str
+            ``"auto"``, ``"native"``, ``"aiter"`` or ``"portable"`` (see the class docstring).
+        """
         if not isinstance(float_workspace_buffer, torch.Tensor):
             raise TypeError(f"float_workspace_buffer: expected a torch.Tensor, got {type(float_workspace_buffer).__name__}")
         if backend == "cutlass":
@@ -179,12 +194,73 @@ class BatchMLAPagedAttentionWrapper:
         self._planned = False
         self._total_qo = None  # qo_indptr[-1] of an eager plan: run() checks q's rows against it
 
+    def __repr__(self):
+        state = "not planned"
+        if self._planned:
+            max_batch, max_work, max_qo, max_partials = self._capacity
+            state = (f"planned: batch={self._batch}, num_heads={self._num_heads}, "
+                     f"page_size={self._page_size}, causal={self._causal}, dtype={self._dtype}, "
+                     f"capacity=(max_batch={max_batch}, max_work={max_work}, max_qo_len={max_qo}, "
+                     f"max_partials={max_partials})")
+        workspace = self._workspace_nbytes()
+        backend = "portable" if self._portable else self._backend
+        return (f"BatchMLAPagedAttentionWrapper(device={self.device}, backend={backend!r}, "
+                f"use_cuda_graph={self._use_cuda_graph}, workspace_bytes={workspace}, {state})")
+
     # --- plan ---------------------------------------------------------------
 
-    # FlashInfer's signature; `use_profiler` accepted and ignored, `lse_mode`
-    # as in FlashInfer releases that have it ("none" and "base2": log2, "basee": ln).
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
              causal, sm_scale, q_data_type, kv_data_type, use_profiler=False, lse_mode=None):
+        r"""Plan MLA decode for a batch of requests over a paged KV cache.
+
+        Parameters
+        ----------
+        qo_indptr : torch.Tensor
+            The indptr of the query tokens, shape ``[batch_size + 1]``, int32 or int64; it defines
+            the batch.
+        kv_indptr : torch.Tensor
+            The indptr of the pages of each request in ``kv_indices``, at least ``batch_size + 1``
+            entries (extra entries are ignored, as in FlashInfer).
+        kv_indices : torch.Tensor
+            The page ids of all requests, at least ``kv_indptr[batch_size]`` entries.
+        kv_len_arr : torch.Tensor
+            The KV length (tokens) of each request, at least ``batch_size`` entries.
+        num_heads : int
+            The number of query heads, 1 to 128.
+        head_dim_ckv : int
+            The head dimension of the compressed KV cache, must be 512.
+        head_dim_kpe : int
+            The head dimension of the rotary part of the cache, must be 64.
+        page_size : int
+            Tokens per page of the cache.
+        causal : bool
+            Whether query token ``t`` of a request with ``q`` query tokens and ``L`` KV tokens
+            sees only positions ``< L - q + t + 1``.
+        sm_scale : float
+            The scale applied to ``q . k`` before the softmax.
+        q_data_type : torch.dtype
+            The query dtype, ``torch.bfloat16`` or ``torch.float16``.
+        kv_data_type : torch.dtype
+            The cache dtype, equal to ``q_data_type``.
+        use_profiler : bool
+            Accepted for FlashInfer compatibility and ignored.
+        lse_mode : Optional[str]
+            As in FlashInfer releases that have it: ``"none"`` or ``"base2"`` (log2, the default) or
+            ``"basee"`` (natural log) for the LSE :meth:`run` returns.
+
+        Note
+        ----
+        With host (CPU) index tensors the schedule is computed on the host, no round trip; with
+        device tensors one kernel validates them and the call waits for its verdict once. With
+        ``use_cuda_graph=True`` the index tensors are copied into the wrapper's stable buffers (the
+        constructor's, or its own sized by the first plan) on the current stream, and every plan
+        after the first, given device tensors, builds the schedule on the device without a
+        synchronization; :meth:`run` reads only those buffers, so a graph captured once stays valid.
+        The schedule's split partials are capped to what ``float_workspace_buffer`` holds
+        (:func:`mlacore.workspace_bytes` sizes it for no cap). Index tensors of mixed dtypes are
+        converted to int32 once here. Raises ValueError (bad value or shape, or a batch past the
+        CUDA-graph capacity, naming the argument) or TypeError (not a tensor).
+        """
         if head_dim_ckv != _HEAD_DIM_CKV or head_dim_kpe != _HEAD_DIM_KPE:
             raise ValueError(f"head dims: expected head_dim_ckv={_HEAD_DIM_CKV} and head_dim_kpe={_HEAD_DIM_KPE}, "
                              f"got {head_dim_ckv} and {head_dim_kpe}")
@@ -225,6 +301,7 @@ class BatchMLAPagedAttentionWrapper:
         self._sm_scale = float(sm_scale)
         self._dtype = q_data_type
         self._lse_base_e = lse_mode == "basee"
+        self._batch = batch
         if self._use_cuda_graph:
             self._plan_graph(qo_indptr, kv_indptr, kv_indices, kv_len_arr, batch)
         else:
@@ -335,10 +412,45 @@ class BatchMLAPagedAttentionWrapper:
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, profiler_buffer=None,
             kv_len=None, page_table=None, return_lse_base_on_e=False):
-        """FlashInfer's run(). The LSE is log2-based unless `return_lse_base_on_e` (or plan's
-        lse_mode='basee') asks for the natural log; `lse`, when given, is written even without
-        `return_lse`. `profiler_buffer`, `kv_len` and `page_table` (FlashInfer's profiler and
-        CUTLASS inputs) are accepted and unused."""
+        r"""Run MLA decode for the planned batch, reading the cache in place.
+
+        Parameters
+        ----------
+        q_nope : torch.Tensor
+            The query without RoPE, shape ``[qo_indptr[-1], num_heads, 512]``, the planned dtype.
+        q_pe : torch.Tensor
+            The RoPE part of the query, shape ``[qo_indptr[-1], num_heads, 64]``.
+        ckv_cache : torch.Tensor
+            The compressed KV cache, shape ``[num_pages, page_size, 512]``; any page and token strides.
+        kpe_cache : torch.Tensor
+            The rotary key cache, shape ``[num_pages, page_size, 64]``. ``ckv_cache`` and ``kpe_cache``
+            may be the two halves of one ``[num_pages, page_size, 576]`` buffer or separate tensors;
+            neither is copied.
+        out : Optional[torch.Tensor]
+            The output tensor, shape ``[qo_indptr[-1], num_heads, 512]``; allocated when ``None``.
+        lse : Optional[torch.Tensor]
+            The log-sum-exp of the attention scores (base 2 unless ``return_lse_base_on_e`` or
+            plan's ``lse_mode="basee"``), shape ``[qo_indptr[-1], num_heads]``, float32; allocated
+            when ``None`` and ``return_lse`` is true; written when given, even without ``return_lse``.
+        return_lse : bool
+            Whether to return the log-sum-exp too.
+        return_lse_base_on_e : bool
+            Return the natural-log LSE (vLLM passes it).
+        profiler_buffer, kv_len, page_table
+            Accepted for FlashInfer compatibility and ignored: the planned index tensors are used.
+
+        Returns
+        -------
+        Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+            ``out``, or ``(out, lse)`` when ``return_lse``. A request without KV gets zeros and an
+            LSE of ``-inf``.
+
+        Note
+        ----
+        Runs on the current stream without a synchronization; with ``out`` (and ``lse``) given it
+        allocates nothing, so it can be captured in a CUDA graph. Under ``torch.compile`` it is the
+        custom op ``mlacore::mla_decode``. Raises RuntimeError before :meth:`plan`.
+        """
         if not self._planned:
             raise RuntimeError("run() before plan()")
         if not isinstance(q_nope, torch.Tensor):

@@ -7,6 +7,14 @@
 
 int main() {
   std::printf("mlacore %s from %s\n", mlacore::version().c_str(), mlacore_library_path());
+  // The headers' version macros name the library they came with.
+  char expected[32];
+  std::snprintf(expected, sizeof expected, "%d.%d.%d", MLACORE_VERSION_MAJOR, MLACORE_VERSION_MINOR,
+                MLACORE_VERSION_PATCH);
+  if (mlacore::version() != expected) {
+    std::printf("FAIL: headers say %s, the library %s\n", expected, mlacore::version().c_str());
+    return 1;
+  }
 
   int64_t shape[1] = {3};
   int32_t data[3] = {1, 2, 3};

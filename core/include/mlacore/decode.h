@@ -1,7 +1,7 @@
 /* mlacore: MLA decode over a paged KV cache (part of the C ABI, see mlacore.h).
  *
  * One call runs a planned decode schedule (the int32 `metadata` written by the
- * plan builder, layout in core/src/plan/schedule.h): every work item attends
+ * plan builder, see <mlacore/plan.h>; its sections by mlacore_plan_layout()): every work item attends
  * the query rows of one request to a KV token range, split requests leave fp32
  * partials in `workspace`, and a combine pass merges them by LSE.
  */
@@ -17,8 +17,8 @@ extern "C" {
 /* Capacities the schedule was planned for. They size the launch grid and the
  * workspace, so under CUDA graphs they stay fixed while the metadata changes. */
 typedef struct mlacore_decode_dims {
-  int64_t max_batch;  /* ScheduleLayout::max_batch of `metadata` */
-  int64_t max_work;   /* ScheduleLayout::max_work */
+  int64_t max_batch;  /* the plan's max_batch (mlacore_plan_capacity), which sized `metadata` */
+  int64_t max_work;   /* the plan's max_work */
   int64_t max_qo_len; /* largest qo_len of any request this schedule may hold */
   /* Partial outputs the workspace holds, 0..max_work: the plan's partial count
    * for one schedule, or what the workspace holds when the schedule may change
@@ -51,7 +51,7 @@ MLACORE_API int64_t mlacore_mla_decode_workspace_partials(int64_t workspace_byte
  *   ckv [P, S, 512], kpe [P, S, 64]: same dtype; any page/token strides, last dim
  *     contiguous; they may be the halves of one [P, S, 576] buffer or separate.
  *   kv_indices, kv_indptr [B+1], qo_indptr [B+1], kv_len [B]: int32 or int64
- *   metadata: int32, ScheduleLayout{dims.max_batch, dims.max_work}.total() elements
+ *   metadata: int32, mlacore_plan_metadata_size(dims.max_batch, dims.max_work) elements
  *   workspace: uint8, >= mlacore_mla_decode_workspace_bytes(dims, H) bytes
  *   out [total_q, H, 512] same dtype as q; lse [total_q, H] float32 or NULL
  *     (log2 of the sum of exp2(sm_scale * log2(e) * score); -inf for a request
