@@ -548,11 +548,14 @@ def test_gpu_graph_captured_once_replays_after_replans_with_new_tensors(heads, p
     out = torch.empty_like(q_nope)
     lse = torch.empty(max_batch * qo, heads, dtype=torch.float32, device=dev)
 
-    def step_inputs(step, batch):
-        # Fresh tensors each step, as vLLM allocates them; lengths within the shared cache.
+    def step_inputs(step, batch, full=False):
+        # Fresh tensors each step, as vLLM allocates them; lengths within the shared cache. `full`:
+        # every request at max_len, the largest kv_indices any step needs.
         gen = torch.Generator().manual_seed(1000 * step + batch)
         lens = torch.randint(0, max_len + 1, (batch,), generator=gen)
         lens[0] = 0 if step % 3 == 0 else int(lens[0])  # an empty request now and then
+        if full:
+            lens.fill_(max_len)
         pages = (lens + page_size - 1) // page_size
         kv_indptr = torch.zeros(batch + 1, dtype=torch.int32)
         kv_indptr[1:] = pages.cumsum(0)
@@ -567,7 +570,9 @@ def test_gpu_graph_captured_once_replays_after_replans_with_new_tensors(heads, p
     def plan(wr, idx):
         wr.plan(*idx, heads, 512, 64, page_size, qo > 1, 0.1, torch.bfloat16, torch.bfloat16)
 
-    plan(w, step_inputs(0, max_batch))
+    # Without given buffers the wrapper sizes its own at the first plan (the capacities are fixed
+    # there, as the graph holds their addresses): that plan must be the largest.
+    plan(w, step_inputs(0, max_batch, full=not given_buffers))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

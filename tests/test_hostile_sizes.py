@@ -36,8 +36,9 @@ def unchanged(*pairs):
 
 
 class launches_nothing:
-    """On CUDA, asserts that the block launched no kernel (CUDA activity seen
-    by torch's profiler); elsewhere a plain block."""
+    """On CUDA, asserts that the block launched no kernel and made no copy
+    (CUDA activity seen by torch's profiler); elsewhere a plain block. Build
+    the call's inputs before the block: making a CUDA tensor copies."""
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
@@ -101,29 +102,29 @@ def test_d1_append_huge_kv_indptr_is_refused(device):
     # kv_last_page_len entries.
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
+    bi, pos, indices, last = i64([2**62], device), i64([0], device), i64([0], device), i64([1], device)
     for indptr, match in ((huge(I64MAX, device), "^kv_indptr: "), (huge(2**59, device), "^kv_last_page_len: ")):
         with launches_nothing(device), pytest.raises(ValueError, match=match):
-            mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i64([2**62], device), i64([0], device), ckv, kpe,
-                                              i64([0], device), indptr, i64([1], device))
+            mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, bi, pos, ckv, kpe, indices, indptr, last)
     unchanged((ckv, before[0]), (kpe, before[1]))
 
 
 def test_d1_append_last_page_len_of_2_59_entries(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
+    args = (i64([2**62], device), i64([0], device), ckv, kpe, i64([0, 1], device), i64([0, 1, 2], device),
+            huge(2**59, device))
     with launches_nothing(device), pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=2"):
-        mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i64([2**62], device), i64([0], device), ckv, kpe,
-                                          i64([0, 1], device), i64([0, 1, 2], device), huge(2**59, device),
-                                          strict=True)
+        mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, *args, strict=True)
     unchanged((ckv, before[0]), (kpe, before[1]))
 
 
 def test_e1_last_page_len_one_longer_than_the_batch_is_named(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
+    args = (i32([0], device), i32([0], device), ckv, kpe, i32([0], device), i32([0, 1], device), i32([1, 1], device))
     with launches_nothing(device), pytest.raises(ValueError, match=r"^kv_last_page_len: .*len\(kv_indptr\)-1=1"):
-        mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, i32([0], device), i32([0], device), ckv, kpe,
-                                          i32([0], device), i32([0, 1], device), i32([1, 1], device))
+        mlacore.append_paged_mla_kv_cache(src_ckv, src_kpe, *args)
     unchanged((ckv, before[0]), (kpe, before[1]))
 
 
@@ -135,8 +136,9 @@ def test_d2_block_table_with_huge_row_counts(device, rows, dtype):
     # would wrap; then the dtype is refused, by name), int32 rows that fit.
     table = torch.zeros(1, 1, dtype=dtype, device=device).expand(rows, 1)
     out = torch.full((4,), -5, dtype=torch.int64 if dtype == torch.uint8 else dtype, device=device)
+    cu = i64([0, 1], device)
     with launches_nothing(device), pytest.raises(ValueError, match="^(block_table|cu_num_blocks): "):
-        mlacore.page_indices_from_block_table(table, i64([0, 1], device), out)
+        mlacore.page_indices_from_block_table(table, cu, out)
     assert out.tolist() == [-5] * 4
 
 
@@ -253,9 +255,10 @@ def test_d7_negative_view_as_query_is_refused(device):
 def test_d7_negative_view_as_append_source_is_refused(device):
     ckv, kpe, src_ckv, src_kpe = mla_append_case(device)
     before = (ckv.clone(), kpe.clone())
+    args = (i32([0], device), i32([0], device), ckv, kpe, i32([0], device), i32([0, 1], device), i32([1], device))
+    neg = torch._neg_view(src_ckv)
     with launches_nothing(device), pytest.raises(ValueError, match="^append_ckv: .*negative"):
-        mlacore.append_paged_mla_kv_cache(torch._neg_view(src_ckv), src_kpe, i32([0], device), i32([0], device),
-                                          ckv, kpe, i32([0], device), i32([0, 1], device), i32([1], device))
+        mlacore.append_paged_mla_kv_cache(neg, src_kpe, *args)
     unchanged((ckv, before[0]), (kpe, before[1]))
 
 

@@ -1004,7 +1004,7 @@ def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, k
                                                                heads, num_sms=num_sms)
     assert md[1] > 0, "the lists cut at least one request: the combine runs"
     assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
-    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    ws = torch.empty(_decode._capacity_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
     sm_scale = 0.1

@@ -26,7 +26,10 @@
 # head_dim_kpe=0 (test_batch_mla_without_kpe), CUTLASS (test_cutlass_mla),
 # FP8 / NVFP4 caches (test_*fp8*, test_nvfp4_*), trtllm decode
 # (test_dense_mla_decode_rejects_packed_uint8_cache) and FlashInfer's
-# internal page module (test_get_batch_indices_positions_page_module*).
+# internal page module (test_get_batch_indices_positions_page_module*, and
+# test_append_paged_kv_cache_with_page_module_batch_indices_positions, which
+# calls that module's get_batch_indices_positions: the stored test files are
+# newer than FlashInfer 0.6.4, whose compiled page module lacks it).
 #
 # The decode grids are huge (tens of thousands of cases): by default a
 # deterministic sample of MLACORE_CONFORMANCE_PER_TEST cases per test
@@ -149,7 +152,7 @@ rc1=${PIPESTATUS[0]}
 PYTHONPATH="$WORK${PYTHONPATH:+:$PYTHONPATH}" python -m pytest -p no:cacheprovider -q -rfEs \
   --junitxml="$OUT/conformance_page.xml" \
   "tests/attention/test_mla_page.py" "tests/attention/test_page.py" \
-  -k "test_append_mla_paged_kv_cache or test_append_paged_kv_cache" \
+  -k "(test_append_mla_paged_kv_cache or test_append_paged_kv_cache) and not page_module" \
   "$@" 2>&1 | tee "$OUT/conformance_page.txt"
 rc2=${PIPESTATUS[0]}
 set -e
