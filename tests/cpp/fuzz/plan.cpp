@@ -1,5 +1,7 @@
 // Fuzz cases for plan build on host tensors.
 // The harness: harness.h; what a case is and how it is checked: driver.cpp.
+#include <algorithm>
+#include <vector>
 #include "harness.h"
 #include "ops.h"
 
@@ -146,25 +148,33 @@ void fuzz_plan(Rng& r, Counter& c) {
     const int32_t* lpl = m + off[1];
     const int32_t* split = m + off[2];
     const int32_t* items = m + off[3];
-    int64_t w = 0, partials = 0;
-    for (int64_t b = 0; b < B && w <= num_work; ++b) {
+    // Items may come in any order (MLACORE_SCHEDULE=longest_first places them
+    // by length): gather each request's items, then check them in KV order.
+    std::vector<std::vector<int64_t>> by_request(static_cast<size_t>(B));
+    for (int64_t w = 0; w < num_work; ++w) {
+      const int32_t b = items[4 * w];
+      if (b < 0 || b >= B) fail("work item " + std::to_string(w) + " names request " + std::to_string(b));
+      by_request[size_t(b)].push_back(w);
+    }
+    int64_t partials = 0;
+    for (int64_t b = 0; b < B; ++b) {
       const int64_t l = tl.rd(b), pages = tk.rd(b + 1) - tk.rd(b);
       if (lpl[b] != (l == 0 ? 0 : l - (pages - 1) * page_size)) fail("kv_last_page_len wrong at " + std::to_string(b));
       if (split[b] != partials) fail("split_indptr wrong at " + std::to_string(b));
-      int64_t pos = 0, n = 0;
-      const int64_t first = w;
-      while (w < num_work && items[4 * w] == b) {
+      std::vector<int64_t>& mine = by_request[size_t(b)];
+      std::sort(mine.begin(), mine.end(), [&](int64_t x, int64_t y) { return items[4 * x + 1] < items[4 * y + 1]; });
+      int64_t pos = 0;
+      const int64_t n = int64_t(mine.size());
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t w = mine[size_t(i)];
         if (items[4 * w + 1] != pos || items[4 * w + 2] < pos || items[4 * w + 2] - pos > chunk) fail("work item range wrong");
         pos = items[4 * w + 2];
-        ++n;
-        ++w;
+        if (items[4 * w + 3] != (n > 1 ? partials + i : -1)) fail("partial index wrong");
       }
       if (pos != l || n == 0) fail("request " + std::to_string(b) + " not covered: got " + std::to_string(pos) + " of " + std::to_string(l));
-      for (int64_t i = 0; i < n; ++i)
-        if (items[4 * (first + i) + 3] != (n > 1 ? partials + i : -1)) fail("partial index wrong");
       if (n > 1) partials += n;
     }
-    if (w != num_work || partials != num_partials) fail("work items do not match the header");
+    if (partials != num_partials) fail("work items do not match the header");
     for (int64_t b = B; b < cap_batch; ++b)
       if (lpl[b] != 0) fail("kv_last_page_len padding not 0");
     for (int64_t b = B; b <= cap_batch; ++b)
