@@ -997,14 +997,14 @@ def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, k
     # in one list, one request's pieces over several lists) gives the planned decode's results.
     from _schedule import balanced_schedule
     from test_decode import check, make_batch, run_wrapper
-    from mlacore import _decode
+    from mlacore import _mla_decode
 
     d = make_batch(kv_lens, qo_lens, page_size, heads, torch.bfloat16, device, seed=5)
     md, max_batch, max_work, max_qo, parts = balanced_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size,
                                                                heads, num_sms=num_sms)
     assert md[1] > 0, "the lists cut at least one request: the combine runs"
     assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
-    ws = torch.empty(_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    ws = torch.empty(_mla_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
     sm_scale = 0.1

@@ -171,7 +171,7 @@ inline void batch_indices_positions(const DLTensor* append_indptr, const DLTenso
   check(mlacore_batch_indices_positions(append_indptr, seq_lens, batch_indices, positions, stream));
 }
 
-// --- MLA decode (decode.h) ---
+// --- MLA decode (mla_decode.h) ---
 inline int64_t mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads) {
   return mlacore_mla_decode_workspace_bytes(dims, num_heads);
 }

@@ -3,7 +3,7 @@
 // outputs or fp32 partials, then the LSE combine), so CPU tests check the
 // schedule and the combine, not only the attention arithmetic.
 #include <mlacore/backend.h>
-#include <mlacore/decode.h>
+#include <mlacore/mla_decode.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include <mlacore/decode.h>
+#include <mlacore/mla_decode.h>
 
 #include "backend.h"
 #include "bindings.h"
@@ -6,7 +6,7 @@
 
 namespace mlacore::bind {
 
-void bind_decode(nb::module_& m) {
+void bind_mla_decode(nb::module_& m) {
   m.def("mla_decode_workspace_bytes",
         [](int64_t max_batch, int64_t max_work, int64_t max_qo_len, int64_t max_partials, int64_t heads) {
           return mlacore_mla_decode_workspace_bytes(
