@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "plan/schedule.h"
 #include "tensor_args.h"
 
 namespace mlacore::bind {
@@ -85,6 +86,27 @@ class Plan {
 }  // namespace
 
 void bind_plan(nb::module_& m) {
+  // The schedule layout's constants, from the core's own definitions
+  // (plan/schedule.h, the public MLACORE_PLAN_ERROR_* bits), so Python never
+  // keeps a copy of them.
+  const char* header[kHdrSize] = {};
+  header[kHdrNumWork] = "num_work";
+  header[kHdrNumPartials] = "num_partials";
+  header[kHdrBatch] = "batch";
+  header[kHdrMaxQoLen] = "max_qo_len";
+  header[kHdrMaxKvLen] = "max_kv_len";
+  header[kHdrChunkTokens] = "chunk_tokens";
+  header[kHdrTotalQo] = "total_qo";
+  header[kHdrError] = "error";
+  nb::list fields;
+  for (const char* name : header) fields.append(name);
+  m.attr("SCHEDULE_HEADER_FIELDS") = nb::tuple(fields);
+  m.attr("DECODE_TILE_TOKENS") = kDecodeTileTokens;
+  m.attr("DECODE_TILE_ROWS") = kDecodeTileRows;
+  m.attr("PLAN_ERROR_INDPTR_START") = MLACORE_PLAN_ERROR_INDPTR_START;
+  m.attr("PLAN_ERROR_INDPTR") = MLACORE_PLAN_ERROR_INDPTR;
+  m.attr("PLAN_ERROR_KV_LEN") = MLACORE_PLAN_ERROR_KV_LEN;
+
   m.def("plan_default_max_work", &mlacore_plan_default_max_work, nb::arg("max_batch"), nb::arg("num_sms"));
   m.def(
       "plan_metadata_size",

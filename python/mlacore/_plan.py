@@ -7,15 +7,16 @@ import torch
 
 from . import _mlacore
 
-# Mirrors of core/src/plan/schedule.h: header slots and the tile sizes.
-HEADER_FIELDS = ("num_work", "num_partials", "batch", "max_qo_len", "max_kv_len", "chunk_tokens", "total_qo", "error")
-DECODE_TILE_TOKENS = 64
-DECODE_TILE_ROWS = 64
+# The schedule layout's constants, exported by the binding from the core
+# (core/src/plan/schedule.h): the header slots in order and the tile sizes.
+HEADER_FIELDS = _mlacore.SCHEDULE_HEADER_FIELDS
+DECODE_TILE_TOKENS = _mlacore.DECODE_TILE_TOKENS
+DECODE_TILE_ROWS = _mlacore.DECODE_TILE_ROWS
 
 # Header error bits (device-only builds; host builds raise ValueError instead).
-PLAN_ERROR_INDPTR_START = 1
-PLAN_ERROR_INDPTR = 2
-PLAN_ERROR_KV_LEN = 4
+PLAN_ERROR_INDPTR_START = _mlacore.PLAN_ERROR_INDPTR_START
+PLAN_ERROR_INDPTR = _mlacore.PLAN_ERROR_INDPTR
+PLAN_ERROR_KV_LEN = _mlacore.PLAN_ERROR_KV_LEN
 
 
 class PlanInfo(NamedTuple):
