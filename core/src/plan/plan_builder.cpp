@@ -1,5 +1,5 @@
 // Plan metadata: validation, the host-built schedule, the plan object and its
-// C ABI. The schedule itself is build_schedule() in plan_builder.h.
+// C ABI. The schedule itself is build_schedule() in schedule_algorithm.h.
 #include "plan/plan_builder.h"
 
 #include <mlacore/plan.h>
@@ -297,7 +297,7 @@ void validate_host(const ScheduleInputs& in, const ScheduleLayout& layout) {
 
 // MLACORE_SCHEDULE, read when a plan is created: "legacy" (or unset) places
 // work items in request order, "longest_first" longest first
-// (place_longest_first() in plan_builder.h). A tuning knob for A/B runs.
+// (place_longest_first() in schedule_algorithm.h). A tuning knob for A/B runs.
 static bool longest_first_from_env() {
   const char* v = std::getenv("MLACORE_SCHEDULE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "legacy") == 0) return false;

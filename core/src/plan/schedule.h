@@ -41,7 +41,7 @@ enum ScheduleHeader : int32_t {
   kHdrMaxKvLen = 4,
   kHdrChunkTokens = 5,  // KV tokens per split (multiple of kDecodeTileTokens)
   kHdrTotalQo = 6,      // qo_indptr[batch]
-  kHdrError = 7,        // 0, or kPlanError* bits (plan_builder.h): such requests got no work
+  kHdrError = 7,        // 0, or kPlanError* bits (schedule_algorithm.h): such requests got no work
   kHdrSize = 8
 };
 
