@@ -166,7 +166,7 @@ def decode_case(device):
     plan = mlacore.MlaPlan(torch.device(device), max_batch=1)
     d["metadata"] = plan.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], PAGE, HEADS)
     d["dims"] = dict(max_batch=plan.max_batch, max_work=plan.max_work, max_qo_len=1, max_partials=plan.max_work)
-    d["workspace"] = torch.zeros(_mla_decode.workspace_bytes(plan.max_batch, plan.max_work, 1, HEADS),
+    d["workspace"] = torch.zeros(_mla_decode._capacity_bytes(plan.max_batch, plan.max_work, 1, HEADS),
                                  dtype=torch.uint8, device=device)
     d["out"] = torch.full((1, HEADS, 512), -3.0, dtype=torch.bfloat16, device=device)
     d["lse"] = torch.full((1, HEADS), -3.0, dtype=torch.float32, device=device)

@@ -35,7 +35,7 @@ def lpt_class(tiles, chunk):
 
 def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0,
               longest_first=False):
-    """The schedule of plan_builder.h, written again from its description (with the workspace's
+    """The schedule of schedule_algorithm.h, written again from its description (with the workspace's
     partial budget of MlaPlan.set_partial_budget when partial_rows > 0); with `longest_first`,
     the work items ordered by length class (longest first), each class in request order."""
     B = len(kv_len)
@@ -1004,7 +1004,7 @@ def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, k
                                                                heads, num_sms=num_sms)
     assert md[1] > 0, "the lists cut at least one request: the combine runs"
     assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
-    ws = torch.empty(_mla_decode.workspace_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    ws = torch.empty(_mla_decode._capacity_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
     sm_scale = 0.1

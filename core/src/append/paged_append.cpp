@@ -1,5 +1,5 @@
 // Paged append: validation, backend routing, strict-mode checks, the CPU path
-// and the C entry points. The GPU kernel is in paged_append.cu, the AITER
+// and the C entry points. The GPU kernels are launched by append_launch.cu, the AITER
 // route in aiter_cache_write.cpp.
 #include <mlacore/backend.h>
 #include <mlacore/paged_append.h>
