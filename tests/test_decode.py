@@ -340,11 +340,11 @@ def test_workspace_bytes_sizes_an_uncapped_schedule():
     assert capped._plan.info == plan.info  # that size never caps
 
 
-def test_metadata_of_wrong_size_is_rejected():
+def test_schedule_of_wrong_size_is_rejected():
     d = make_batch([20], [1], 16, 4, torch.bfloat16, "cpu")
     md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 4)
     ws = torch.empty(1 << 20, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="metadata"):
+    with pytest.raises(ValueError, match="schedule"):
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
                             d["qo_indptr"], d["kv_len"], md[:-4], ws, torch.empty_like(d["q_nope"]), None, mb, mw,
                             mq, mw, 16, 0.1, True)

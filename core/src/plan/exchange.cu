@@ -169,9 +169,9 @@ void staging_wait(Staging* s) {
   if (status == gpuErrorNotReady) {
     // Not an error: clear it so the next launch check does not report it.
     (void)gpuGetLastError();
-    gpu::check(gpuEventSynchronize(s->uploaded), "plan: waiting for the previous metadata upload");
+    gpu::check(gpuEventSynchronize(s->uploaded), "plan: waiting for the previous schedule upload");
   } else {
-    gpu::check(status, "plan: querying the previous metadata upload");
+    gpu::check(status, "plan: querying the previous schedule upload");
   }
   s->pending = false;
 }
@@ -205,7 +205,7 @@ struct ExchangeArgs {
   ScheduleLayout layout;
   char* inputs;           // mapped: qo_indptr, kv_indptr at +off_kv, kv_len at +off_len
   int64_t off_kv, off_len;
-  int32_t* meta;          // device: the plan's metadata tensor
+  int32_t* meta;          // device: the plan's schedule tensor
   unsigned long long* control;  // mapped control line
   unsigned long long seq;
   // Reciprocals by which the kernel divides by num_sms and by max_work - batch
@@ -237,10 +237,10 @@ __device__ __forceinline__ void publish(unsigned long long* words, unsigned long
 // One block: validates the three (possibly strided) inputs and hands the host
 // its verdict (and, if it rejects them, the inputs at their own widths for
 // the message); unless rejected, picks the chunk, hands over its counts and
-// places the schedule into the metadata tensor. The same metadata as
+// places the schedule into the schedule tensor. The same schedule as
 // build_schedule(), bit for bit: the shared helpers decide (chunk_narrow()
 // restates them in 32 bits, held to the host by test_plan), the same
-// place_schedule() writes. Kernels after it on the stream read the metadata
+// place_schedule() writes. Kernels after it on the stream read the schedule
 // in stream order; the host waits only for the verdict, so only the loads and
 // the totals' reduction are on its latency path.
 template <bool kLongestFirst>
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kScheduleThreads, 1) plan_exchange(ExchangeArg
     }
   }
   __syncthreads();
-  if (decided_chunk < 0) return;  // rejected: the metadata keeps its contents
+  if (decided_chunk < 0) return;  // rejected: the schedule keeps its contents
   place_in_order<kLongestFirst>(BlockExec{reinterpret_cast<unsigned char*>(smem)}, in, a.layout, true, t,
                                 decided_chunk, a.meta);
 }
@@ -435,7 +435,7 @@ StagedVerdict exchange_wait(Staging* s, uint64_t seq, void* stream) {
 void upload(Staging* s, void* device_dst, size_t bytes, void* stream) {
   gpu::DeviceGuard guard(s->device);
   const gpuStream_t st = gpu::as_stream(stream);
-  gpu::check(gpuMemcpyAsync(device_dst, s->host, bytes, gpuMemcpyHostToDevice, st), "plan: copying the metadata");
+  gpu::check(gpuMemcpyAsync(device_dst, s->host, bytes, gpuMemcpyHostToDevice, st), "plan: copying the schedule");
   gpu::check(gpuEventRecord(s->uploaded, st), "plan: recording the upload");
   s->pending = true;
 }

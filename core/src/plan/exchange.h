@@ -39,7 +39,7 @@ void refuse_capture(void* stream, const char* what);
 // check folded in) and, for an accepted batch, the maxima and
 // qo_indptr[batch]. That is all a build waits for.
 struct StagedVerdict {
-  uint32_t error;  // != 0: the kernel rejected the batch and left the metadata alone
+  uint32_t error;  // != 0: the kernel rejected the batch and left the schedule alone
   uint32_t max_qo_len, max_kv_len;
   uint32_t total_qo;
 };

@@ -1,4 +1,4 @@
-// Plan metadata: validation, the host-built schedule, the plan object and its
+// The plan: validation, the host-built schedule, the plan object and its
 // C ABI. The schedule itself is build_schedule() in schedule_algorithm.h.
 #include "plan/plan_builder.h"
 
@@ -336,12 +336,12 @@ ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg
   meta.expect_ndim(1);
   meta.expect_dtype({DType::I32});
   if (meta.size(0) < layout_.total())
-    value_error("metadata: expected at least ", layout_.total(), " int32 elements (max_batch=", layout_.max_batch,
+    value_error("schedule: expected at least ", layout_.total(), " int32 elements (max_batch=", layout_.max_batch,
                 ", max_work=", layout_.max_work, "), got ", meta.describe());
   if (meta.size(0) > 1 && meta.stride(0) != 1)
-    value_error("metadata: expected a contiguous tensor, got stride ", meta.stride(0));
+    value_error("schedule: expected a contiguous tensor, got stride ", meta.stride(0));
   if (reinterpret_cast<uintptr_t>(meta.data()) % 16 != 0)
-    value_error("metadata: expected 16-byte aligned data (work items are read as 16-byte vectors)");
+    value_error("schedule: expected 16-byte aligned data (work items are read as 16-byte vectors)");
   if (qo.on_gpu()) meta.expect_same_device(qo);
 
   ScheduleInputs in;
@@ -393,9 +393,9 @@ const PlanInfo& PlanBuilder::info() const {
 }
 
 void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                        int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream) {
+                        int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream) {
   const Arg qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
-  const Arg meta(metadata, "metadata");
+  const Arg meta(schedule, "schedule");
   const ScheduleInputs in = check_inputs(qo, kv, len, meta, page_size, num_heads);
   const Where inputs_at = where_to_run(qo);
   const Where meta_at = where_to_run(meta);
@@ -419,7 +419,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     ++stats_.pinned_allocations;
     stats_.staging = plan_gpu::staging_host(staging_);
   } else if (plan_gpu::staging_device(staging_) != device) {
-    value_error("metadata: this plan serves GPU ", plan_gpu::staging_device(staging_), ", got a tensor on ",
+    value_error("schedule: this plan serves GPU ", plan_gpu::staging_device(staging_), ", got a tensor on ",
                 meta.device_str());
   }
   char* host = static_cast<char*>(plan_gpu::staging_host(staging_));
@@ -429,11 +429,11 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   if (inputs_at == Where::GPU) {
     // The exchange: one kernel validates the inputs, hands the verdict to
     // this thread through the mapped staging buffer, picks the chunk, sends
-    // its counts the same way and places the work items into the metadata
+    // its counts the same way and places the work items into the schedule
     // tensor. One launch, no memcpy, no stream synchronization; this thread
     // blocks only until the stream reaches the kernel and it has validated
     // the batch, as any round trip does. Kernels after it on the stream read
-    // the metadata in stream order, so nothing else needs to wait.
+    // the schedule in stream order, so nothing else needs to wait.
     const auto width = [](const IndexView& v) -> int64_t { return v.is64 ? 8 : 4; };
     const int64_t off_kv = align_up((in.batch + 1) * width(in.qo_indptr), 8);
     const int64_t off_len = off_kv + align_up((in.batch + 1) * width(in.kv_indptr), 8);
@@ -451,7 +451,7 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
     ++stats_.device_to_host;
     if (v.error != 0) {
       // The kernel flags exactly what scan_requests() and check_scalars()
-      // reject, staged the inputs and left the metadata alone.
+      // reject, staged the inputs and left the schedule alone.
       validate_host(host_in, layout_);  // throws, naming the request
       runtime_error("plan: the exchange kernel flagged the inputs (error bits ", v.error,
                     ") but the host's validation accepts them");
@@ -476,19 +476,19 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
   ++stats_.host_to_device;
 #else
   (void)stream;
-  runtime_error("metadata: GPU tensors need a libmlacore built with a GPU backend");
+  runtime_error("schedule: GPU tensors need a libmlacore built with a GPU backend");
 #endif
 }
 
 void PlanBuilder::build_device(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                               int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream) {
+                               int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream) {
   const Arg qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
-  const Arg meta(metadata, "metadata");
+  const Arg meta(schedule, "schedule");
   const ScheduleInputs in = check_inputs(qo, kv, len, meta, page_size, num_heads);
   if (!qo.on_gpu())
     value_error("qo_indptr: build_device needs GPU tensors (it computes the schedule in a kernel), got ",
                 qo.describe());
-  if (!meta.on_gpu()) value_error("metadata: build_device needs a GPU tensor, got ", meta.describe());
+  if (!meta.on_gpu()) value_error("schedule: build_device needs a GPU tensor, got ", meta.describe());
   (void)where_to_run(qo);
 #if defined(MLACORE_WITH_GPU)
   plan_gpu::launch_build_schedule(in, layout_, meta.ptr<int32_t>(), meta.device_id(), stream);
@@ -524,7 +524,7 @@ MLACORE_API int64_t mlacore_plan_default_max_work(int64_t max_batch, int32_t num
   return mlacore::default_max_work(max_batch < 0 ? 0 : max_batch, num_sms);
 }
 
-MLACORE_API int64_t mlacore_plan_metadata_size(int64_t max_batch, int64_t max_work) {
+MLACORE_API int64_t mlacore_plan_schedule_size(int64_t max_batch, int64_t max_work) {
   if (max_batch < 0 || max_work < 0 || max_batch > mlacore::kMaxCapacity || max_work > mlacore::kMaxCapacity)
     return -1;
   return mlacore::ScheduleLayout{max_batch, max_work}.total();
@@ -559,21 +559,21 @@ MLACORE_API void mlacore_plan_destroy(mlacore_plan* plan) { delete plan; }
 
 MLACORE_API mlacore_status mlacore_plan_build(mlacore_plan* plan, const DLTensor* qo_indptr,
                                               const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                                              int32_t page_size, int32_t num_heads, const DLTensor* metadata,
+                                              int32_t page_size, int32_t num_heads, const DLTensor* schedule,
                                               void* stream) {
   return mlacore::guarded([&] {
     require_plan(plan);
-    plan->build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, metadata, stream);
+    plan->build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, schedule, stream);
   });
 }
 
 MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const DLTensor* qo_indptr,
                                                      const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
                                                      int32_t page_size, int32_t num_heads,
-                                                     const DLTensor* metadata, void* stream) {
+                                                     const DLTensor* schedule, void* stream) {
   return mlacore::guarded([&] {
     require_plan(plan);
-    plan->build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, metadata, stream);
+    plan->build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, schedule, stream);
   });
 }
 

@@ -44,9 +44,9 @@ class PlanBuilder {
   PlanBuilder& operator=(const PlanBuilder&) = delete;
 
   void build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-             int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream);
+             int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream);
   void build_device(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                    int64_t page_size, int64_t num_heads, const DLTensor* metadata, void* stream);
+                    int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream);
 
   const ScheduleLayout& layout() const { return layout_; }
   int64_t num_sms() const { return num_sms_; }
@@ -72,7 +72,7 @@ class PlanBuilder {
   mutable uint64_t counts_seq_ = 0;
   PlanStats stats_;
   // The host schedule's per-request tile counts (max_batch), sized once: a
-  // rejected batch must leave the metadata untouched, so they cannot live there.
+  // rejected batch must leave the schedule untouched, so they cannot live there.
   std::vector<RequestTiles> tiles_;
 #if defined(MLACORE_WITH_CUDA) || defined(MLACORE_WITH_HIP)
   plan_gpu::Staging* staging_ = nullptr;

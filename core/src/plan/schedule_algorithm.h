@@ -414,7 +414,7 @@ MLACORE_HD int64_t last_item_tiles(const RequestShape& r, int64_t n, int64_t chu
   return n > 0 ? r.kv_tiles - (n - 1) * chunk : 0;
 }
 
-// The per-request sections and the work items of a metadata buffer.
+// The per-request sections and the work items of a schedule buffer.
 struct ScheduleSections {
   int32_t* last_page_len;
   int32_t* split_indptr;

@@ -180,7 +180,7 @@ void run_aiter_decode(const AiterDecodeCall& c, void* stream) {
   aiter_tensor_t kv_indptr = tensor_of(*c.kv_indptr);
   aiter_tensor_t kv_indices = tensor_of(*c.kv_indices);
   aiter_tensor_t last_page =
-      aiter_view(c.metadata->ptr<int32_t>() + c.last_page_len_offset, AITER_DTYPE_i32, device, {batch});
+      aiter_view(c.schedule->ptr<int32_t>() + c.last_page_len_offset, AITER_DTYPE_i32, device, {batch});
   aiter_tensor_t splits_indptr = aiter_view(prep.splits_indptr, AITER_DTYPE_i32, device, {batch + 1});
   aiter_tensor_t split_o =
       aiter_view(ws + layout.split_o, AITER_DTYPE_fp32, device, {layout.rows, splits, heads, kAiterVDim});

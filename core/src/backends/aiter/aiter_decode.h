@@ -6,7 +6,7 @@
 //
 // Per call, nothing is allocated: the query buffer, the split partials and
 // two small indptrs are carved from the caller's float workspace, and
-// kv_last_page_lens is the plan's (a section of the schedule metadata).
+// kv_last_page_lens is the plan's (a section of its schedule).
 //
 // Query rows are laid out uniformly, max_qo_len (M) rows per request, the
 // request's tokens right-aligned in its block: AITER's non-persistent kernel
@@ -186,8 +186,8 @@ struct AiterDecodeCall {
   const Arg* kv_indptr;
   const Arg* qo_indptr;
   const Arg* kv_len;
-  const Arg* metadata;  // the plan's schedule: kv_last_page_len lives in it
-  int64_t last_page_len_offset;  // int32 elements into metadata
+  const Arg* schedule;  // the plan's schedule: kv_last_page_len lives in it
+  int64_t last_page_len_offset;  // int32 elements into schedule
   const Arg* workspace;
   const Arg* out;
   const Arg* lse;  // or null
