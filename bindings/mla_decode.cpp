@@ -25,7 +25,7 @@ void bind_mla_decode(nb::module_& m) {
          int64_t page_size,
          float sm_scale, bool causal, bool portable, const char* backend, nb::handle stream) {
         const int32_t b = parse_backend(backend);
-        TensorArg a[12];
+        BorrowedTensor a[12];
         convert(q_nope, "q_nope", a[0]);
         convert(q_pe, "q_pe", a[1]);
         convert(ckv, "ckv_cache", a[2]);

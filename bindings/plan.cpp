@@ -21,7 +21,7 @@ class Plan {
 
   void build(nb::handle qo, nb::handle kv, nb::handle len, int32_t page_size, int32_t num_heads, nb::handle meta,
              nb::handle stream, bool device) {
-    TensorArg a_qo, a_kv, a_len, a_meta;
+    BorrowedTensor a_qo, a_kv, a_len, a_meta;
     convert(qo, "qo_indptr", a_qo);
     convert(kv, "kv_indptr", a_kv);
     convert(len, "kv_len_arr", a_len);

@@ -36,7 +36,7 @@ void check_capacity(int64_t max_batch, int64_t max_work) {
                 " (every request needs one work item), got ", max_work);
 }
 
-IndexView view_of(const Arg& a) {
+IndexView view_of(const CheckedTensor& a) {
   return IndexView{a.data(), a.stride(0), a.dtype() == DType::I64};
 }
 
@@ -318,7 +318,7 @@ PlanBuilder::~PlanBuilder() {
 #endif
 }
 
-ScheduleInputs PlanBuilder::check_inputs(const Arg& qo, const Arg& kv, const Arg& len, const Arg& meta,
+ScheduleInputs PlanBuilder::check_inputs(const CheckedTensor& qo, const CheckedTensor& kv, const CheckedTensor& len, const CheckedTensor& meta,
                                          int64_t page_size, int64_t num_heads) const {
   qo.expect_index_vector();
   if (qo.size(0) < 1) value_error("qo_indptr: expected length batch+1 >= 1, got ", qo.describe());
@@ -394,8 +394,8 @@ const PlanInfo& PlanBuilder::info() const {
 
 void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
                         int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream) {
-  const Arg qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
-  const Arg meta(schedule, "schedule");
+  const CheckedTensor qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
+  const CheckedTensor meta(schedule, "schedule");
   const ScheduleInputs in = check_inputs(qo, kv, len, meta, page_size, num_heads);
   const Where inputs_at = where_to_run(qo);
   const Where meta_at = where_to_run(meta);
@@ -482,8 +482,8 @@ void PlanBuilder::build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, co
 
 void PlanBuilder::build_device(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
                                int64_t page_size, int64_t num_heads, const DLTensor* schedule, void* stream) {
-  const Arg qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
-  const Arg meta(schedule, "schedule");
+  const CheckedTensor qo(qo_indptr, "qo_indptr"), kv(kv_indptr, "kv_indptr"), len(kv_len_arr, "kv_len_arr");
+  const CheckedTensor meta(schedule, "schedule");
   const ScheduleInputs in = check_inputs(qo, kv, len, meta, page_size, num_heads);
   if (!qo.on_gpu())
     value_error("qo_indptr: build_device needs GPU tensors (it computes the schedule in a kernel), got ",

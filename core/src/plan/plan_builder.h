@@ -58,7 +58,7 @@ class PlanBuilder {
   void set_partial_budget(int64_t partial_rows, int64_t partial_qo_len);
 
  private:
-  ScheduleInputs check_inputs(const Arg& qo, const Arg& kv, const Arg& len, const Arg& meta, int64_t page_size,
+  ScheduleInputs check_inputs(const CheckedTensor& qo, const CheckedTensor& kv, const CheckedTensor& len, const CheckedTensor& meta, int64_t page_size,
                               int64_t num_heads) const;
   void record_info(const int32_t* meta);
 
