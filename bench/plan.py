@@ -4,7 +4,7 @@ Compared in the same run, per batch size:
 - `MlaPlan.build` on device inputs (one exchange kernel: it validates the
   inputs and hands the host its verdict through the plan's mapped pinned
   buffer, then picks the split chunk, sends its counts the same way and
-  writes the schedule into the metadata; no memcpy, no sync), and the same
+  writes the schedule into its tensor; no memcpy, no sync), and the same
   build followed by `.info`, which waits for the counts too;
 - three blocking `.cpu()` copies followed by the same host schedule (what
   FlashInfer-style planners pay);
@@ -74,7 +74,7 @@ def run(ctx):
             us3 = host_us_per_call(lambda: plan.build(qo.clone(), kv.clone(), kv_len.clone(), PAGE_SIZE, NUM_HEADS),
                                    calls)
             t.add(b, us, us3, us / us3)
-        t.notes.append("CPU inputs, CPU metadata: no round trip exists; the GPU run holds the bar "
+        t.notes.append("CPU inputs, CPU schedule: no round trip exists; the GPU run holds the bar "
                        "(build <= 1.3x one bare pinned D2H + sync)")
         return [t]
 
@@ -134,7 +134,7 @@ def run(ctx):
                    "choice of the chunk and placement of the schedule overlap the next call; build+info also "
                    "waits for the chunk's counts and builds the PlanInfo tuple")
     t.notes.append(f"page_size {PAGE_SIZE}, {NUM_HEADS} heads, qo_len 1, kv_len uniform in [1, 4096], int32 inputs")
-    t.notes.append("host-input build: CPU inputs, GPU metadata (schedule + H2D upload, no round trip; back to back, "
+    t.notes.append("host-input build: CPU inputs, GPU schedule (host schedule + H2D upload, no round trip; back to back, "
                    "each call also waits until the previous upload has read the pinned buffer); schedule only: a CPU "
                    "plan (binding + schedule)")
     if fi_why:

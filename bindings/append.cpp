@@ -10,7 +10,7 @@ void bind_append(nb::module_& m) {
       [](nb::handle append_ckv, nb::handle append_kpe, nb::handle batch_indices, nb::handle positions,
          nb::handle ckv_cache, nb::handle kpe_cache, nb::handle kv_indices, nb::handle kv_indptr,
          nb::handle kv_last_page_len, const char* backend, bool strict, nb::handle stream) {
-        TensorArg ckv, kpe, bi, pos, cc, kc, idx, ptr, last;
+        BorrowedTensor ckv, kpe, bi, pos, cc, kc, idx, ptr, last;
         convert(append_ckv, "append_ckv", ckv);
         convert(append_kpe, "append_kpe", kpe);
         convert(batch_indices, "batch_indices", bi);
@@ -37,7 +37,7 @@ void bind_append(nb::module_& m) {
       [](nb::handle append_key, nb::handle append_value, nb::handle batch_indices, nb::handle positions,
          nb::handle k_cache, nb::handle v_cache, nb::handle kv_indices, nb::handle kv_indptr,
          nb::handle kv_last_page_len, const char* kv_layout, const char* backend, bool strict, nb::handle stream) {
-        TensorArg key, value, bi, pos, kc, vc, idx, ptr, last;
+        BorrowedTensor key, value, bi, pos, kc, vc, idx, ptr, last;
         convert(append_key, "append_key", key);
         convert(append_value, "append_value", value);
         convert(batch_indices, "batch_indices", bi);
@@ -66,7 +66,7 @@ void bind_append(nb::module_& m) {
       "concat_and_cache_mla",
       [](nb::handle kv_c, nb::handle k_pe, nb::handle kv_cache, nb::handle slot_mapping, bool strict,
          nb::handle stream) {
-        TensorArg c, pe, cache, slots;
+        BorrowedTensor c, pe, cache, slots;
         convert(kv_c, "kv_c", c);
         convert(k_pe, "k_pe", pe);
         convert(kv_cache, "kv_cache", cache);

@@ -11,6 +11,6 @@ void bind_append(nanobind::module_& m);
 void bind_plan(nanobind::module_& m);
 void bind_kv_layout(nanobind::module_& m);
 void bind_slot_mapping(nanobind::module_& m);
-void bind_decode(nanobind::module_& m);
+void bind_mla_decode(nanobind::module_& m);
 
 }  // namespace mlacore::bind

@@ -13,7 +13,7 @@ void bind_kv_layout(nb::module_& m) {
   m.def(
       "combined_kv_view",
       [](nb::handle ckv_cache, nb::handle kpe_cache) -> nb::object {
-        TensorArg ckv, kpe;
+        BorrowedTensor ckv, kpe;
         convert(ckv_cache, "ckv_cache", ckv);
         convert(kpe_cache, "kpe_cache", kpe);
         int64_t shape[3], strides[3];
@@ -28,7 +28,7 @@ void bind_kv_layout(nb::module_& m) {
   m.def(
       "explain_kv_layout",
       [](nb::handle ckv_cache, nb::handle kpe_cache) {
-        TensorArg ckv, kpe;
+        BorrowedTensor ckv, kpe;
         convert(ckv_cache, "ckv_cache", ckv);
         convert(kpe_cache, "kpe_cache", kpe);
         size_t length = 0;

@@ -8,6 +8,6 @@ NB_MODULE(_mlacore, m) {
   mlacore::bind::bind_plan(m);
   mlacore::bind::bind_kv_layout(m);
   mlacore::bind::bind_slot_mapping(m);
-  mlacore::bind::bind_decode(m);
+  mlacore::bind::bind_mla_decode(m);
   // one line per capability
 }

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "plan/schedule.h"
 #include "tensor_args.h"
 
 namespace mlacore::bind {
@@ -20,12 +21,12 @@ class Plan {
 
   void build(nb::handle qo, nb::handle kv, nb::handle len, int32_t page_size, int32_t num_heads, nb::handle meta,
              nb::handle stream, bool device) {
-    TensorArg a_qo, a_kv, a_len, a_meta;
+    BorrowedTensor a_qo, a_kv, a_len, a_meta;
     convert(qo, "qo_indptr", a_qo);
     convert(kv, "kv_indptr", a_kv);
     convert(len, "kv_len_arr", a_len);
-    convert(meta, "metadata", a_meta);
-    // The metadata is the anchor: host inputs with a device metadata tensor
+    convert(meta, "schedule", a_meta);
+    // The schedule is the anchor: host inputs with a device schedule tensor
     // still copy on that device's current stream.
     void* s = stream_for(a_meta, stream);
     // The host build may wait for the device, and either may block in a launch.
@@ -85,11 +86,32 @@ class Plan {
 }  // namespace
 
 void bind_plan(nb::module_& m) {
+  // The schedule layout's constants, from the core's own definitions
+  // (plan/schedule.h, the public MLACORE_PLAN_ERROR_* bits), so Python never
+  // keeps a copy of them.
+  const char* header[kHdrSize] = {};
+  header[kHdrNumWork] = "num_work";
+  header[kHdrNumPartials] = "num_partials";
+  header[kHdrBatch] = "batch";
+  header[kHdrMaxQoLen] = "max_qo_len";
+  header[kHdrMaxKvLen] = "max_kv_len";
+  header[kHdrChunkTokens] = "chunk_tokens";
+  header[kHdrTotalQo] = "total_qo";
+  header[kHdrError] = "error";
+  nb::list fields;
+  for (const char* name : header) fields.append(name);
+  m.attr("SCHEDULE_HEADER_FIELDS") = nb::tuple(fields);
+  m.attr("DECODE_TILE_TOKENS") = kDecodeTileTokens;
+  m.attr("DECODE_TILE_ROWS") = kDecodeTileRows;
+  m.attr("PLAN_ERROR_INDPTR_START") = MLACORE_PLAN_ERROR_INDPTR_START;
+  m.attr("PLAN_ERROR_INDPTR") = MLACORE_PLAN_ERROR_INDPTR;
+  m.attr("PLAN_ERROR_KV_LEN") = MLACORE_PLAN_ERROR_KV_LEN;
+
   m.def("plan_default_max_work", &mlacore_plan_default_max_work, nb::arg("max_batch"), nb::arg("num_sms"));
   m.def(
-      "plan_metadata_size",
+      "plan_schedule_size",
       [](int64_t max_batch, int64_t max_work) {
-        const int64_t n = mlacore_plan_metadata_size(max_batch, max_work);
+        const int64_t n = mlacore_plan_schedule_size(max_batch, max_work);
         if (n < 0) throw nb::value_error("max_batch, max_work: expected non-negative capacities");
         return n;
       },
@@ -110,14 +132,14 @@ void bind_plan(nb::module_& m) {
           [](Plan& p, nb::handle qo, nb::handle kv, nb::handle len, int32_t page_size, int32_t num_heads,
              nb::handle meta, nb::handle stream) { p.build(qo, kv, len, page_size, num_heads, meta, stream, false); },
           nb::arg("qo_indptr").none(), nb::arg("kv_indptr").none(), nb::arg("kv_len_arr").none(),
-          nb::arg("page_size"), nb::arg("num_heads"), nb::arg("metadata").none(),
+          nb::arg("page_size"), nb::arg("num_heads"), nb::arg("schedule").none(),
           nb::arg("stream").none() = nb::none())
       .def(
           "build_device",
           [](Plan& p, nb::handle qo, nb::handle kv, nb::handle len, int32_t page_size, int32_t num_heads,
              nb::handle meta, nb::handle stream) { p.build(qo, kv, len, page_size, num_heads, meta, stream, true); },
           nb::arg("qo_indptr").none(), nb::arg("kv_indptr").none(), nb::arg("kv_len_arr").none(),
-          nb::arg("page_size"), nb::arg("num_heads"), nb::arg("metadata").none(),
+          nb::arg("page_size"), nb::arg("num_heads"), nb::arg("schedule").none(),
           nb::arg("stream").none() = nb::none())
       .def("set_partial_budget", &Plan::set_partial_budget, nb::arg("partial_rows"), nb::arg("partial_qo_len"))
       .def("info", &Plan::info)

@@ -18,7 +18,7 @@ void bind_runtime(nb::module_& m) {
       "noop",
       [](nb::handle t0, nb::handle t1, nb::handle t2, nb::handle t3, nb::handle t4, nb::handle t5,
          nb::handle t6, nb::handle t7, nb::handle t8, nb::handle stream) {
-        TensorArg a[9];
+        BorrowedTensor a[9];
         const nb::handle objs[9] = {t0, t1, t2, t3, t4, t5, t6, t7, t8};
         const DLTensor* dls[9];
         for (int i = 0; i < 9; ++i) {

@@ -8,7 +8,7 @@ void bind_slot_mapping(nb::module_& m) {
       "slot_mapping",
       [](nb::handle batch_indices, nb::handle positions, nb::handle kv_indices, nb::handle kv_indptr,
          int64_t page_size, int64_t num_pages, nb::handle out, nb::handle stream) {
-        TensorArg bi, pos, indices, indptr, o;
+        BorrowedTensor bi, pos, indices, indptr, o;
         convert(batch_indices, "batch_indices", bi);
         convert(positions, "positions", pos);
         convert(kv_indices, "kv_indices", indices);
@@ -26,7 +26,7 @@ void bind_slot_mapping(nb::module_& m) {
   m.def(
       "page_indices_from_block_table",
       [](nb::handle block_table, nb::handle cu_num_blocks, nb::handle out, nb::handle stream) {
-        TensorArg table, cu, o;
+        BorrowedTensor table, cu, o;
         convert(block_table, "block_table", table);
         convert(cu_num_blocks, "cu_num_blocks", cu);
         convert(out, "out", o);
@@ -40,7 +40,7 @@ void bind_slot_mapping(nb::module_& m) {
       "batch_indices_positions",
       [](nb::handle append_indptr, nb::handle seq_lens, nb::handle batch_indices, nb::handle positions,
          nb::handle stream) {
-        TensorArg indptr, lens, bi, pos;
+        BorrowedTensor indptr, lens, bi, pos;
         convert(append_indptr, "append_indptr", indptr);
         convert(seq_lens, "seq_lens", lens);
         convert(batch_indices, "batch_indices", bi);

@@ -107,7 +107,7 @@ void expect_no_neg_bit(nb::handle obj, const char* name) {
                            "view (call .resolve_neg() first)").c_str());
 }
 
-void convert_fallback(nb::handle obj, const char* name, TensorArg& out) {
+void convert_fallback(nb::handle obj, const char* name, BorrowedTensor& out) {
   if (!nb::hasattr(obj, "__dlpack__")) {
     std::string kind = nb::type_name(obj.type()).c_str();
     throw nb::type_error((std::string(name) + ": expected a tensor (an object with __dlpack__), got " + kind).c_str());
@@ -133,7 +133,7 @@ void convert_fallback(nb::handle obj, const char* name, TensorArg& out) {
 
 }  // namespace
 
-void convert(nb::handle obj, const char* name, TensorArg& out) {
+void convert(nb::handle obj, const char* name, BorrowedTensor& out) {
   if (obj.is_none())
     throw nb::type_error((std::string(name) + ": expected a tensor, got None").c_str());
   const DLPackExchangeAPI* api = lookup_api(Py_TYPE(obj.ptr()));
@@ -144,7 +144,7 @@ void convert(nb::handle obj, const char* name, TensorArg& out) {
   out.present = true;
 }
 
-void convert_optional(nb::handle obj, const char* name, TensorArg& out) {
+void convert_optional(nb::handle obj, const char* name, BorrowedTensor& out) {
   if (obj.is_none()) {
     out.present = false;
     return;
@@ -152,7 +152,7 @@ void convert_optional(nb::handle obj, const char* name, TensorArg& out) {
   convert(obj, name, out);
 }
 
-void* stream_for(const TensorArg& anchor, nb::handle stream) {
+void* stream_for(const BorrowedTensor& anchor, nb::handle stream) {
   if (!stream.is_none()) return reinterpret_cast<void*>(nb::cast<uintptr_t>(stream));
   const DLDeviceType type = anchor.dl.device.device_type;
   if (!anchor.present || anchor.api == nullptr || (type != kDLCUDA && type != kDLROCM)) return nullptr;

@@ -16,7 +16,10 @@ namespace nb = nanobind;
 
 namespace mlacore::bind {
 
-struct TensorArg {
+// A Python object converted into a DLTensor borrowed for one call (plus what
+// keeps it alive on the fallback path). Unchecked: the core validates it as
+// a CheckedTensor (core/src/common/tensor.h) when the call reaches it.
+struct BorrowedTensor {
   DLTensor dl{};
   const DLPackExchangeAPI* api = nullptr;  // null on the __dlpack__ fallback
   nb::object keep;                          // fallback capsule
@@ -26,15 +29,15 @@ struct TensorArg {
 };
 
 // Converts `obj` (named `name` in errors); TypeError when it is no tensor.
-void convert(nb::handle obj, const char* name, TensorArg& out);
+void convert(nb::handle obj, const char* name, BorrowedTensor& out);
 
 // Same, but None gives an absent argument (get() == nullptr).
-void convert_optional(nb::handle obj, const char* name, TensorArg& out);
+void convert_optional(nb::handle obj, const char* name, BorrowedTensor& out);
 
 // The stream to launch on: `stream` when it is an int (a raw cudaStream_t or
 // hipStream_t), else the producer's current stream on `anchor`'s device
 // (NULL for CPU tensors and for producers without the exchange API).
-void* stream_for(const TensorArg& anchor, nb::handle stream);
+void* stream_for(const BorrowedTensor& anchor, nb::handle stream);
 
 // Raises the Python exception that matches a failed status.
 void raise_status(mlacore_status status);

@@ -35,7 +35,7 @@ def host_schedule(qo_indptr, kv_len, page_size, num_heads, max_batch=None, max_w
     Splits every request into chunks of `chunk_tokens` (a multiple of 64;
     default: the total KV spread over `num_sms`). Used by tests to force
     particular splits, and by plan() only when mlacore.MlaPlan is absent.
-    Returns (metadata, max_batch, max_work, max_qo_len).
+    Returns (schedule, max_batch, max_work, max_qo_len).
     """
     qo = [int(x) for x in torch.as_tensor(qo_indptr).tolist()]
     lens = [int(x) for x in torch.as_tensor(kv_len).tolist()]
@@ -116,7 +116,7 @@ def balanced_schedule(qo_indptr, kv_len, page_size, num_heads, num_sms=132, max_
     of balanced_parts() a work item, list after list, so the current kernels (one CTA per
     work item and query tile) execute it and the combine merges the pieces of every split
     request. num_parts = num_sms // query tiles, so one list's query tiles fill one SM each.
-    Returns (metadata, max_batch, max_work, max_qo_len, parts)."""
+    Returns (schedule, max_batch, max_work, max_qo_len, parts)."""
     qo = [int(x) for x in torch.as_tensor(qo_indptr).tolist()]
     lens = [int(x) for x in torch.as_tensor(kv_len).tolist()]
     batch = len(lens)

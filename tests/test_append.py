@@ -650,7 +650,7 @@ def test_gpu_many_batches_per_block(index_dtype):
 
 
 # --- GPU: the kernels ------------------------------------------------------------------
-# core/src/append/paged_append.cu picks, for a page-table append:
+# core/src/append/append_launch.cu (launch_gpu) picks, for a page-table append:
 #   append_rows_kernel: appends of at most 4 MiB of source rows (a decode step), 16-byte accesses,
 #     batch_indices and positions of one dtype: one lean launch;
 #   on a CUDA build holding sm_90 code for the device (an H200 with the default sm_targets), above

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mlacore
-from mlacore import _decode, _mlacore
+from mlacore import _mla_decode, _mlacore
 
 from _schedule import host_schedule
 from conftest import UNDER_SANITIZER, kernels_in_fresh_process, requires_cuda
@@ -97,7 +97,7 @@ def run_forced_chunk(d, chunk, sm_scale, causal, *, portable=False):
     dev = d["q_nope"].device
     heads, page_size = d["heads"], d["page_size"]
     md, mb, mw, mq = host_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size, heads, chunk_tokens=chunk)
-    ws = torch.empty(_decode._capacity_bytes(mb, mw, mq, heads), dtype=torch.uint8, device=dev)
+    ws = torch.empty(_mla_decode._capacity_bytes(mb, mw, mq, heads), dtype=torch.uint8, device=dev)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"], d["qo_indptr"],
@@ -178,7 +178,7 @@ def forced_schedule_decode(d, chunk_tokens, causal=True, sm_scale=0.1, max_qo_le
             max_work=max_work + extra_work)
     max_qo = max_qo_len or max_qo
     dev = d["q_nope"].device
-    ws = torch.empty(_decode._capacity_bytes(max_batch, max_work, max_qo, d["heads"]), dtype=torch.uint8, device=dev)
+    ws = torch.empty(_mla_decode._capacity_bytes(max_batch, max_work, max_qo, d["heads"]), dtype=torch.uint8, device=dev)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=dev)
     _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
@@ -300,7 +300,7 @@ def test_validation_errors_name_the_argument():
 def test_workspace_too_small_says_how_many_bytes():
     d = make_batch([300, 300], [2, 2], 16, 16, torch.bfloat16, "cpu")
     md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 16, chunk_tokens=64)
-    need = _decode._capacity_bytes(mb, mw, mq, 16)
+    need = _mla_decode._capacity_bytes(mb, mw, mq, 16)
     assert need == mw * mq * 16 * 513 * 4
     ws = torch.empty(need - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match=f"at least {need} bytes"):
@@ -340,11 +340,11 @@ def test_workspace_bytes_sizes_an_uncapped_schedule():
     assert capped._plan.info == plan.info  # that size never caps
 
 
-def test_metadata_of_wrong_size_is_rejected():
+def test_schedule_of_wrong_size_is_rejected():
     d = make_batch([20], [1], 16, 4, torch.bfloat16, "cpu")
     md, mb, mw, mq = host_schedule(d["qo_indptr"], d["kv_len"], 16, 4)
     ws = torch.empty(1 << 20, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="metadata"):
+    with pytest.raises(ValueError, match="schedule"):
         _mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
                             d["qo_indptr"], d["kv_len"], md[:-4], ws, torch.empty_like(d["q_nope"]), None, mb, mw,
                             mq, mw, 16, 0.1, True)

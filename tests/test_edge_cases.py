@@ -203,7 +203,7 @@ def test_padded_batch_in_decode(device):
     assert_decode_close(d, out, lse, True)
 
 
-def test_padded_batch_in_plan_metadata(device):
+def test_padded_batch_in_plan_schedule(device):
     plan = mlacore.MlaPlan(device, max_batch=8, num_sms=4)
     plan.build(i32([0, 1, 2, 2, 2], device), i32([0, 1, 3, 3, 3], device), i32([5, 20, 0, 0], device), 16, 4)
     info = plan.info
@@ -326,7 +326,7 @@ def test_int64_indices_equal_int32_everywhere(device):
     p32, p64 = mlacore.MlaPlan(device, 4, num_sms=3), mlacore.MlaPlan(device, 4, num_sms=3)
     p32.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], 16, 2)
     p64.build(d["qo_indptr"].long(), d["kv_indptr"].long(), d["kv_len"].long(), 16, 2)
-    assert torch.equal(p32.metadata, p64.metadata)
+    assert torch.equal(p32.schedule, p64.schedule)
 
 
 def test_int64_append_equals_int32(device):
@@ -480,7 +480,7 @@ def test_concurrent_plans_and_wrappers_from_threads(device):
     for d in cases:
         p = mlacore.MlaPlan(device, 4, num_sms=2 + len(plans_single))
         p.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], 16, 2)
-        plans_single.append(p.metadata.clone())
+        plans_single.append(p.schedule.clone())
     results, errors = [None] * (3 * len(cases)), []
     barrier = threading.Barrier(3 * len(cases))
 
@@ -492,7 +492,7 @@ def test_concurrent_plans_and_wrappers_from_threads(device):
                 p = mlacore.MlaPlan(device, 4, num_sms=2 + i % len(cases))
                 p.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], 16, 2)
                 out, lse = run_decode(d)
-            results[i] = (p.metadata.clone(), out, lse)
+            results[i] = (p.schedule.clone(), out, lse)
         except Exception as e:  # reported below: a thread's exception would otherwise vanish
             errors.append(e)
 
@@ -504,11 +504,11 @@ def test_concurrent_plans_and_wrappers_from_threads(device):
     assert not errors, errors
     for i, (md, out, lse) in enumerate(results):
         k = i % len(cases)
-        assert torch.equal(md, plans_single[k]), f"thread {i}: metadata differs"
+        assert torch.equal(md, plans_single[k]), f"thread {i}: schedule differs"
         assert torch.equal(out, single[k][0]) and torch.equal(lse, single[k][1]), f"thread {i}: decode differs"
 
 
-def test_concurrent_metadata_ops_from_threads(device):
+def test_concurrent_schedule_ops_from_threads(device):
     g = torch.Generator().manual_seed(11)
     jobs = []
     for i in range(8):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mlacore
-from mlacore import _decode, _mlacore
+from mlacore import _mla_decode, _mlacore
 
 I64MAX = 2**63 - 1
 
@@ -166,9 +166,9 @@ def decode_case(device):
     d.update(kv_indices=i32([0], device), kv_indptr=i32([0, 1], device), qo_indptr=i32([0, 1], device),
              kv_len=i32([3], device))
     plan = mlacore.MlaPlan(torch.device(device), max_batch=1)
-    d["metadata"] = plan.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], PAGE, HEADS)
+    d["schedule"] = plan.build(d["qo_indptr"], d["kv_indptr"], d["kv_len"], PAGE, HEADS)
     d["dims"] = dict(max_batch=plan.max_batch, max_work=plan.max_work, max_qo_len=1, max_partials=plan.max_work)
-    d["workspace"] = torch.zeros(_decode._capacity_bytes(plan.max_batch, plan.max_work, 1, HEADS),
+    d["workspace"] = torch.zeros(_mla_decode._capacity_bytes(plan.max_batch, plan.max_work, 1, HEADS),
                                  dtype=torch.uint8, device=device)
     d["out"] = torch.full((1, HEADS, 512), -3.0, dtype=torch.bfloat16, device=device)
     d["lse"] = torch.full((1, HEADS), -3.0, dtype=torch.float32, device=device)
@@ -178,7 +178,7 @@ def decode_case(device):
 def call_decode(d, **dims):
     dm = dict(d["dims"], **dims)
     torch.ops.mlacore.mla_decode(d["q_nope"], d["q_pe"], d["ckv"], d["kpe"], d["kv_indices"], d["kv_indptr"],
-                                 d["qo_indptr"], d["kv_len"], d["metadata"], d["workspace"], d["out"], d["lse"],
+                                 d["qo_indptr"], d["kv_len"], d["schedule"], d["workspace"], d["out"], d["lse"],
                                  dm["max_batch"], dm["max_work"], dm["max_qo_len"], dm["max_partials"], PAGE, 0.1,
                                  True, False, "native")
 
@@ -198,7 +198,7 @@ def test_decode_case_itself_runs(device):
 
 def test_d3_decode_max_work_2_62(device):
     d = decode_case(device)
-    d["metadata"] = torch.zeros(12, dtype=torch.int32, device=device)  # what the wrapped layout total asked for
+    d["schedule"] = torch.zeros(12, dtype=torch.int32, device=device)  # what the wrapped layout total asked for
     decode_refused(d, "max_work", max_work=2**62, max_partials=1)
 
 
@@ -213,7 +213,7 @@ def test_d4_workspace_bytes_overflow_is_refused_by_name(device):
     # Every dim within its own bound, the product past int64.
     d["workspace"] = torch.zeros(16, dtype=torch.uint8, device=device)
     n = 2**28
-    d["metadata"] = huge(mlacore.plan_metadata_size(n, n), device, torch.int32)
+    d["schedule"] = huge(mlacore.plan_schedule_size(n, n), device, torch.int32)
     decode_refused(d, "^dims: the workspace", max_batch=n, max_work=n, max_partials=n, max_qo_len=2**31 - 1)
 
 

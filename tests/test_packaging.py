@@ -46,7 +46,7 @@ def _mypy(tmp_path, source):
 
 def test_mypy_reads_the_stubs_and_rejects_a_wrong_type(tmp_path):
     good = _mypy(tmp_path, "from mlacore import _mlacore\nv: str = _mlacore.version()\n"
-                           "n: int = _mlacore.plan_metadata_size(4, 8)\n")
+                           "n: int = _mlacore.plan_schedule_size(4, 8)\n")
     assert good.returncode == 0, good.stdout + good.stderr
     bad = _mypy(tmp_path, "from mlacore import _mlacore\nv: int = _mlacore.version()\n")
     assert bad.returncode == 1 and "Incompatible types in assignment" in bad.stdout, bad.stdout + bad.stderr

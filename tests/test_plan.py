@@ -1,6 +1,6 @@
 """MlaPlan: the decode schedule against a pure-Python model of the algorithm,
 its invariants, errors, and on a GPU the exchange kernel (one launch, no
-memcpy, no sync), its rejections leaving the metadata alone, the device-only
+memcpy, no sync), its rejections leaving the schedule alone, the device-only
 build and CUDA-graph replay."""
 
 import faulthandler
@@ -35,7 +35,7 @@ def lpt_class(tiles, chunk):
 
 def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0,
               longest_first=False):
-    """The schedule of plan_builder.h, written again from its description (with the workspace's
+    """The schedule of schedule_algorithm.h, written again from its description (with the workspace's
     partial budget of MlaPlan.set_partial_budget when partial_rows > 0); with `longest_first`,
     the work items ordered by length class (longest first), each class in request order."""
     B = len(kv_len)
@@ -117,7 +117,7 @@ def tensors(qo, kv, kv_len, device="cpu", dtype=torch.int32):
 
 
 def check_invariants(plan, kv_len, page_size):
-    meta = plan.metadata.cpu()
+    meta = plan.schedule.cpu()
     info = plan.info
     B = len(kv_len)
     items = plan.work_items.cpu().tolist()
@@ -171,7 +171,7 @@ def test_cpu_plan_matches_reference_and_invariants(B, page_size, heads, max_qo, 
     plan = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
     plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
     want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work)
-    assert plan.metadata.tolist() == want
+    assert plan.schedule.tolist() == want
     check_invariants(plan, kv_len, page_size)
     info = plan.info
     assert info.max_qo_len == max(q1 - q0 for q0, q1 in zip(qo, qo[1:]))
@@ -202,14 +202,14 @@ def test_cpu_partial_budget_caps_the_partials_and_matches_the_reference(B, page_
     plan.set_partial_budget(rows, qo_floor)
     plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
     want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work, rows, qo_floor)
-    assert plan.metadata.tolist() == want
+    assert plan.schedule.tolist() == want
     check_invariants(plan, kv_len, page_size)
     qo_rows = max(qo_floor, max(q1 - q0 for q0, q1 in zip(qo, qo[1:])), 1) * heads
     assert plan.info.num_partials <= rows // qo_rows
     # The budget is the only change: without it the same batch may split more.
     plan.set_partial_budget(0)
     plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
-    assert plan.metadata.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
+    assert plan.schedule.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
                                                plan.max_work)
 
 
@@ -242,7 +242,7 @@ def test_small_max_work_is_respected(max_work_extra):
     qo, kv, kv_len = random_batch(rng, B, 16, max_kv=100000, empty_rate=0.0)
     plan = mlacore.MlaPlan("cpu", max_batch=B, max_work=B + max_work_extra, num_sms=132)
     plan.build(*tensors(qo, kv, kv_len), 16, 16)
-    assert plan.metadata.tolist() == reference(qo, kv, kv_len, 16, 16, 132, B, B + max_work_extra)
+    assert plan.schedule.tolist() == reference(qo, kv, kv_len, 16, 16, 132, B, B + max_work_extra)
     check_invariants(plan, kv_len, 16)
     assert plan.info.num_work <= B + max_work_extra
     if max_work_extra == 0:
@@ -305,24 +305,24 @@ def test_empty_requests_batch_zero_and_padding():
     assert all(it == [-1, 0, 0, -1] for it in plan.work_items.tolist())
 
 
-def test_metadata_is_fully_rewritten():
+def test_schedule_is_fully_rewritten():
     rng = random.Random(5)
     qo, kv, kv_len = random_batch(rng, 10, 16)
     plan = mlacore.MlaPlan("cpu", max_batch=16, num_sms=20)
     plan.build(*tensors(qo, kv, kv_len), 16, 16)
-    first = plan.metadata.clone()
-    plan.metadata.fill_(-12345)
+    first = plan.schedule.clone()
+    plan.schedule.fill_(-12345)
     plan.build(*tensors(qo, kv, kv_len), 16, 16)
-    assert torch.equal(plan.metadata, first)
+    assert torch.equal(plan.schedule, first)
 
 
-def test_rejected_batch_leaves_the_metadata_unchanged():
+def test_rejected_batch_leaves_the_schedule_unchanged():
     plan = mlacore.MlaPlan("cpu", max_batch=4, num_sms=4)
     plan.build(*_good(), 64, 16)
-    first = plan.metadata.clone()
+    first = plan.schedule.clone()
     with pytest.raises(ValueError, match="request 1"):
         plan.build(*tensors([0, 1, 2], [0, 1, 3], [10, 300]), 64, 16)
-    assert torch.equal(plan.metadata, first)
+    assert torch.equal(plan.schedule, first)
 
 
 def test_strided_inputs():
@@ -333,7 +333,7 @@ def test_strided_inputs():
     wide = [torch.tensor(x, dtype=torch.int64).repeat_interleave(3)[::3] for x in (qo, kv, kv_len)]
     assert wide[0].stride(0) == 3
     plan.build(*wide, 64, 16)
-    assert torch.equal(plan.metadata, ref.metadata)
+    assert torch.equal(plan.schedule, ref.schedule)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -351,7 +351,7 @@ def test_mixed_widths_and_strides_match_the_reference(seed):
         args = [torch.tensor(x, dtype=d).repeat_interleave(stride)[::stride] for x, d in zip((qo, kv, kv_len), dtypes)]
         plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
         plan.build(*args, page_size, 16)
-        assert plan.metadata.tolist() == want, (dtypes, stride)
+        assert plan.schedule.tolist() == want, (dtypes, stride)
 
 
 @pytest.mark.parametrize("kv,kv_len,pages", [
@@ -373,10 +373,10 @@ def test_page_counts_at_the_boundaries_are_accepted():
 
 def test_sizes_and_layout_helpers():
     assert mlacore.default_max_work(256, 132) == 388
-    n = mlacore.plan_metadata_size(4, 10)
+    n = mlacore.plan_schedule_size(4, 10)
     assert n == cdiv(8 + 4 + 5, 4) * 4 + 40
     plan = mlacore.MlaPlan("cpu", max_batch=4, max_work=10, num_sms=3)
-    assert plan.metadata.numel() == n and plan.metadata.dtype == torch.int32
+    assert plan.schedule.numel() == n and plan.schedule.dtype == torch.int32
     assert _mlacore.plan_layout(4, 10) == (0, 8, 12, 20)
     assert plan.work_items.shape == (10, 4) and plan.split_indptr.numel() == 5
     with pytest.raises(ValueError, match="max_work"):
@@ -428,7 +428,7 @@ def test_empty_batch_with_a_bad_first_element_is_rejected(device):
     assert plan.info.batch == 0 and plan.info.num_work == 0
 
 
-def test_capacity_scalar_and_metadata_errors():
+def test_capacity_scalar_and_schedule_errors():
     plan = mlacore.MlaPlan("cpu", max_batch=1, num_sms=4)
     with pytest.raises(ValueError, match="batch 2 .* exceeds the plan's max_batch=1"):
         plan.build(*_good(), 64, 16)
@@ -438,14 +438,14 @@ def test_capacity_scalar_and_metadata_errors():
     with pytest.raises(ValueError, match="num_heads: expected >= 1"):
         plan.build(*_good(), 64, 0)
     raw = plan._plan
-    n = plan.metadata.numel()
-    with pytest.raises(ValueError, match="metadata: expected int32"):
+    n = plan.schedule.numel()
+    with pytest.raises(ValueError, match="schedule: expected int32"):
         raw.build(*_good(), 64, 16, torch.zeros(n, dtype=torch.int64))
-    with pytest.raises(ValueError, match="metadata: expected at least"):
+    with pytest.raises(ValueError, match="schedule: expected at least"):
         raw.build(*_good(), 64, 16, torch.zeros(n - 1, dtype=torch.int32))
-    with pytest.raises(ValueError, match="metadata: expected a contiguous"):
+    with pytest.raises(ValueError, match="schedule: expected a contiguous"):
         raw.build(*_good(), 64, 16, torch.zeros(2 * n, dtype=torch.int32)[::2])
-    with pytest.raises(ValueError, match="metadata: expected 16-byte aligned"):
+    with pytest.raises(ValueError, match="schedule: expected 16-byte aligned"):
         raw.build(*_good(), 64, 16, torch.zeros(n + 1, dtype=torch.int32)[1:])
     with pytest.raises(ValueError, match="build_device needs GPU tensors"):
         plan.build_device(*_good(), 64, 16)
@@ -474,7 +474,7 @@ def _host_input_reference(plan, raw, page_size=64, num_heads=16):
     ref = mlacore.MlaPlan("cuda", max_batch=plan.max_batch, max_work=plan.max_work, num_sms=plan.num_sms)
     ref.build(*tensors(*raw), page_size, num_heads)
     torch.cuda.synchronize()
-    return ref.metadata.clone()
+    return ref.schedule.clone()
 
 
 @requires_cuda
@@ -489,7 +489,7 @@ def test_gpu_device_inputs_match_host_inputs_with_one_exchange(dtype, watchdog):
         plan.build(*dev, 64, 16)
         after = plan.stats
         host_plan.build(*tensors(*raw), 64, 16)
-        assert torch.equal(plan.metadata.cpu(), host_plan.metadata)
+        assert torch.equal(plan.schedule.cpu(), host_plan.schedule)
         assert plan.info == host_plan.info
         # One transfer, the kernel's verdict; the kernel writes the schedule itself; no sync.
         assert after["device_to_host_copies"] - before["device_to_host_copies"] == 1
@@ -542,7 +542,7 @@ def test_gpu_mixed_widths_and_strides_match_the_host(watchdog):
     plan.build(qo, kv, kv_len, 64, 16)
     host = mlacore.MlaPlan("cpu", max_batch=48, num_sms=plan.num_sms)
     host.build(*tensors(*raw), 64, 16)
-    assert torch.equal(plan.metadata.cpu(), host.metadata)
+    assert torch.equal(plan.schedule.cpu(), host.schedule)
 
 
 @requires_cuda
@@ -567,36 +567,36 @@ def test_gpu_exchange_matches_the_host_on_both_sides_of_the_narrow_bound(B, watc
     plan.build(*tensors(*raw, "cuda"), page_size, 16)
     host = mlacore.MlaPlan("cpu", max_batch=B, num_sms=1024)
     host.build(*tensors(*raw), page_size, 16)
-    assert torch.equal(plan.metadata.cpu(), host.metadata)
+    assert torch.equal(plan.schedule.cpu(), host.schedule)
     assert plan.info == host.info
     assert host.info.num_partials > 0
     # build_device's kernel decides with the same code.
-    plan.metadata.fill_(-777)
+    plan.schedule.fill_(-777)
     plan.build_device(*tensors(*raw, "cuda"), page_size, 16)
-    assert torch.equal(plan.metadata.cpu(), host.metadata)
+    assert torch.equal(plan.schedule.cpu(), host.schedule)
 
 
 @requires_cuda
-def test_gpu_failed_build_leaves_the_metadata_and_the_plan_usable(watchdog):
+def test_gpu_failed_build_leaves_the_schedule_and_the_plan_usable(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     good = tensors([0, 1, 2], [0, 2, 3], [100, 10], "cuda")
     plan.build(*good, 64, 16)
-    first = plan.metadata.clone()
+    first = plan.schedule.clone()
     with pytest.raises(ValueError, match="request 1"):
         plan.build(*tensors([0, 1, 2], [0, 2, 3], [100, 200], "cuda"), 64, 16)
     torch.cuda.synchronize()
-    # The kernel rejected the batch itself: it never reaches the metadata tensor.
-    assert torch.equal(plan.metadata, first)
+    # The kernel rejected the batch itself: it never reaches the schedule tensor.
+    assert torch.equal(plan.schedule, first)
     plan.build(*good, 64, 16)
-    assert torch.equal(plan.metadata, first)
+    assert torch.equal(plan.schedule, first)
 
 
 @requires_cuda
-def test_gpu_every_rejection_leaves_the_metadata_and_the_plan_usable(watchdog):
+def test_gpu_every_rejection_leaves_the_schedule_and_the_plan_usable(watchdog):
     # Each of these is rejected by the exchange kernel and worded by the host
-    # from the inputs the kernel staged; the metadata must keep its contents
+    # from the inputs the kernel staged; the schedule must keep its contents
     # and the next build on the same plan must work. A wrong verdict shows as
-    # a missing ValueError, a hang (watchdog) or the metadata changing.
+    # a missing ValueError, a hang (watchdog) or the schedule changing.
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     raw_good, good = _cuda_batch(11, 6)
     want = _host_input_reference(plan, raw_good)
@@ -612,11 +612,11 @@ def test_gpu_every_rejection_leaves_the_metadata_and_the_plan_usable(watchdog):
     for rounds in range(3):
         plan.build(*good, 64, 16)
         torch.cuda.synchronize()
-        assert torch.equal(plan.metadata, want)
+        assert torch.equal(plan.schedule, want)
         for qo, kv, kv_len in bad:
             with pytest.raises(ValueError):
                 plan.build(*tensors(qo, kv, kv_len, "cuda"), 64, 16)
-            assert torch.equal(plan.metadata, want)  # .metadata read on the stream: after the rejecting kernel
+            assert torch.equal(plan.schedule, want)  # .schedule read on the stream: after the rejecting kernel
         # The good build's counts come after its build() returned and are
         # read only now: rejected kernels send none, so they are still its.
         assert plan.info == host.info
@@ -630,7 +630,7 @@ def test_gpu_every_rejection_leaves_the_metadata_and_the_plan_usable(watchdog):
     torch.cuda.current_stream().wait_stream(side)
     raw2, dev2 = _cuda_batch(12, 8)
     plan.build(*dev2, 64, 16)
-    assert torch.equal(plan.metadata, _host_input_reference(plan, raw2))
+    assert torch.equal(plan.schedule, _host_input_reference(plan, raw2))
     torch.cuda.synchronize()
     del plan  # teardown after rejections
     torch.cuda.synchronize()
@@ -641,16 +641,16 @@ def test_gpu_back_to_back_builds_with_different_inputs(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=128)
     raw_plan = plan._plan
     batches = [_cuda_batch(100 + i, B, max_qo=2) for i, B in enumerate([128, 1, 77, 0, 128, 3, 64])]
-    metas = [torch.full_like(plan.metadata, -5) for _ in batches]
+    metas = [torch.full_like(plan.schedule, -5) for _ in batches]
     for (_, dev), meta in zip(batches, metas):
         raw_plan.build(*dev, 64, 16, meta)  # no sync in between: each kernel copies while the next build runs
-    # The same plan's own metadata, built repeatedly from alternating inputs.
+    # The same plan's own schedule, built repeatedly from alternating inputs.
     for (_, dev) in batches:
         plan.build(*dev, 64, 16)
     torch.cuda.synchronize()
     for (raw, _), meta in zip(batches, metas):
         assert torch.equal(meta, _host_input_reference(plan, raw))
-    assert torch.equal(plan.metadata, _host_input_reference(plan, batches[-1][0]))
+    assert torch.equal(plan.schedule, _host_input_reference(plan, batches[-1][0]))
     assert plan.stats["pinned_allocations"] == 1
     assert plan.stats["stream_syncs"] == 0
 
@@ -660,7 +660,7 @@ def test_gpu_build_on_a_side_stream_while_the_default_stream_is_busy(watchdog):
     plan = mlacore.MlaPlan("cuda", max_batch=64)
     raw_plan = plan._plan
     sets = [_cuda_batch(200 + i, B) for i, B in enumerate([64, 9, 33, 1])]
-    metas = [torch.zeros_like(plan.metadata) for _ in range(2 * len(sets))]
+    metas = [torch.zeros_like(plan.schedule) for _ in range(2 * len(sets))]
     wants = [_host_input_reference(plan, raw) for raw, _ in sets]
     plan.build(*sets[0][1], 64, 16)  # warm: the pinned staging buffer is allocated before the clock starts
     torch.cuda.synchronize()
@@ -700,7 +700,7 @@ def test_gpu_device_input_build_waits_for_a_pending_host_input_upload(watchdog):
     # exchange (which leaves that region alone) in between.
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     raw = plan._plan
-    meta_a, meta_b, meta_c = (torch.zeros_like(plan.metadata) for _ in range(3))
+    meta_a, meta_b, meta_c = (torch.zeros_like(plan.schedule) for _ in range(3))
     a = ([0, 1], [0, 100], [6400])
     b = ([0, 1, 2], [0, 1, 2], [64, 64])
     want_a = _host_input_reference(plan, a)
@@ -727,9 +727,9 @@ def test_gpu_many_builds_in_a_loop(watchdog):
         plan.build(*sets[i % len(sets)][1], 64, 16)
         if i % 499 == 0:
             torch.cuda.synchronize()
-            assert torch.equal(plan.metadata, _host_input_reference(plan, sets[i % len(sets)][0])), i
+            assert torch.equal(plan.schedule, _host_input_reference(plan, sets[i % len(sets)][0])), i
     torch.cuda.synchronize()
-    assert torch.equal(plan.metadata, _host_input_reference(plan, sets[(n - 1) % len(sets)][0]))
+    assert torch.equal(plan.schedule, _host_input_reference(plan, sets[(n - 1) % len(sets)][0]))
     after = plan.stats
     assert after["device_to_host_copies"] - before["device_to_host_copies"] == n
     assert after["stream_syncs"] - before["stream_syncs"] == 0
@@ -745,7 +745,7 @@ def test_gpu_host_inputs_cost_no_round_trip():
     assert s["device_to_host_copies"] == 0 and s["stream_syncs"] == 0 and s["host_to_device_copies"] == 1
     host = mlacore.MlaPlan("cpu", max_batch=32, num_sms=plan.num_sms)
     host.build(*tensors(*raw), 64, 16)
-    assert torch.equal(plan.metadata.cpu(), host.metadata)
+    assert torch.equal(plan.schedule.cpu(), host.schedule)
 
 
 @requires_cuda
@@ -754,8 +754,8 @@ def test_gpu_pinned_buffer_is_guarded_until_its_upload_ran():
     # overwrite the pinned schedule it is about to copy.
     plan = mlacore.MlaPlan("cuda", max_batch=8, num_sms=8)
     raw = plan._plan
-    meta_a = torch.zeros_like(plan.metadata)
-    meta_b = torch.zeros_like(plan.metadata)
+    meta_a = torch.zeros_like(plan.schedule)
+    meta_b = torch.zeros_like(plan.schedule)
     a = tensors([0, 1], [0, 100], [6400])
     b = tensors([0, 1, 2], [0, 1, 2], [64, 64])
     want_a = mlacore.MlaPlan("cpu", max_batch=8, num_sms=8)
@@ -764,7 +764,7 @@ def test_gpu_pinned_buffer_is_guarded_until_its_upload_ran():
     raw.build(*a, 64, 16, meta_a)
     raw.build(*b, 64, 16, meta_b)
     torch.cuda.synchronize()
-    assert torch.equal(meta_a.cpu(), want_a.metadata)
+    assert torch.equal(meta_a.cpu(), want_a.schedule)
 
 
 @requires_cuda
@@ -775,10 +775,10 @@ def test_gpu_build_device_equals_host_build_bitwise(B, dtype):
     ref = mlacore.MlaPlan("cpu", max_batch=1024, num_sms=plan.num_sms)
     for seed in range(3):
         raw, dev = _cuda_batch(seed + B, B, page_size=16, max_qo=4, dtype=dtype)
-        plan.metadata.fill_(-777)
+        plan.schedule.fill_(-777)
         plan.build_device(*dev, 16, 16)
         ref.build(*tensors(*raw), 16, 16)
-        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        assert torch.equal(plan.schedule.cpu(), ref.schedule)
         assert plan.info == ref.info
     assert plan.stats["device_to_host_copies"] == 0 and plan.stats["pinned_allocations"] == 0
 
@@ -794,12 +794,12 @@ def test_gpu_partial_budget_is_bitwise_equal_on_host_exchange_and_device_builds(
     for seed in range(3):
         raw, dev = _cuda_batch(seed + B, B, page_size=16, max_qo=4)
         ref.build(*tensors(*raw), 16, 16)
-        plan.metadata.fill_(-777)
+        plan.schedule.fill_(-777)
         plan.build_device(*dev, 16, 16)
-        assert torch.equal(plan.metadata.cpu(), ref.metadata)
-        plan.metadata.fill_(-777)
+        assert torch.equal(plan.schedule.cpu(), ref.schedule)
+        plan.schedule.fill_(-777)
         plan.build(*dev, 16, 16)  # the exchange kernel's narrow path
-        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        assert torch.equal(plan.schedule.cpu(), ref.schedule)
         assert plan.info == ref.info
 
 
@@ -841,10 +841,10 @@ def test_gpu_cuda_graph_capture_and_replay_with_new_lengths():
         kv_len = raw[2] + [0] * (max_batch - live)
         for dst, src in zip(static, tensors(qo, kv, kv_len, "cuda")):
             dst.copy_(src)
-        plan.metadata.fill_(-1)
+        plan.schedule.fill_(-1)
         graph.replay()
         ref.build(*tensors(qo, kv, kv_len), page_size, 16)
-        assert torch.equal(plan.metadata.cpu(), ref.metadata)
+        assert torch.equal(plan.schedule.cpu(), ref.schedule)
         check_invariants(plan, kv_len, page_size)
 
 
@@ -859,7 +859,7 @@ def test_gpu_host_build_refuses_graph_capture(watchdog):
     # Refused before any launch: nothing spins, and the plan still works.
     torch.cuda.synchronize()
     plan.build(*dev, 64, 16)
-    assert torch.equal(plan.metadata, _host_input_reference(plan, raw))
+    assert torch.equal(plan.schedule, _host_input_reference(plan, raw))
 
 
 @requires_cuda
@@ -891,14 +891,14 @@ def test_gpu_device_mismatch_errors():
     with pytest.raises(ValueError, match="kv_len_arr: expected a tensor on cuda:0"):
         plan.build(qo, kv, kv_len.cpu(), 64, 16)
     cpu_plan = mlacore.MlaPlan("cpu", max_batch=4)
-    with pytest.raises(ValueError, match="metadata: expected a tensor on cuda"):
+    with pytest.raises(ValueError, match="schedule: expected a tensor on cuda"):
         cpu_plan.build(qo, kv, kv_len, 64, 16)
 
 
 @requires_cuda
 def test_gpu_blocking_launches_still_exchange():
     """With CUDA_LAUNCH_BLOCKING=1 a launch returns only once its kernel has ended; the exchange
-    kernel never waits for the host, so its flag is already there: the same metadata, a
+    kernel never waits for the host, so its flag is already there: the same schedule, a
     rejection still raised, no stream synchronization. A fresh process, since the setting is
     read at context creation."""
     code = (
@@ -913,10 +913,10 @@ def test_gpu_blocking_launches_still_exchange():
         "b = mlacore.MlaPlan(dev, max_batch=8)\n"
         "b.build(qo, kv, kv_len, 16, 16)\n"
         "torch.cuda.synchronize()\n"
-        "assert torch.equal(a.metadata, b.metadata)\n"
+        "assert torch.equal(a.schedule, b.schedule)\n"
         "with pytest.raises(ValueError, match='request 0'):\n"
         "    a.build(qo.cuda(), kv.cuda(), (kv_len + 100).cuda(), 16, 16)\n"
-        "assert torch.equal(a.metadata, b.metadata)\n"
+        "assert torch.equal(a.schedule, b.schedule)\n"
         "assert a.stats['stream_syncs'] == 0, a.stats\n"
         "print('ok')\n")
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
@@ -936,10 +936,10 @@ def test_128_mib_serves_uniform_engine_shapes_without_capping():
                                              [L] * B)
                     plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=132)
                     plan.build(qo, kv, kv_len, 1, heads)
-                    free = plan.metadata.clone()
+                    free = plan.schedule.clone()
                     plan.set_partial_budget(rows)
                     plan.build(qo, kv, kv_len, 1, heads)
-                    assert torch.equal(plan.metadata, free), (heads, B, qo_len, L)
+                    assert torch.equal(plan.schedule, free), (heads, B, qo_len, L)
                     assert plan.info.num_partials * qo_len * heads * 2052 <= 128 << 20
     # Skewed: one long request among short ones at 128 heads x 4 tokens: capped, and within 128 MiB.
     B = 512
@@ -997,14 +997,14 @@ def test_balanced_schedule_runs_on_the_current_kernels(device, heads, qo_lens, k
     # in one list, one request's pieces over several lists) gives the planned decode's results.
     from _schedule import balanced_schedule
     from test_decode import check, make_batch, run_wrapper
-    from mlacore import _decode
+    from mlacore import _mla_decode
 
     d = make_batch(kv_lens, qo_lens, page_size, heads, torch.bfloat16, device, seed=5)
     md, max_batch, max_work, max_qo, parts = balanced_schedule(d["qo_indptr"].cpu(), d["kv_len"].cpu(), page_size,
                                                                heads, num_sms=num_sms)
     assert md[1] > 0, "the lists cut at least one request: the combine runs"
     assert any(len(p) > 1 for p in parts), "at least one list holds pieces of several requests"
-    ws = torch.empty(_decode._capacity_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
+    ws = torch.empty(_mla_decode._capacity_bytes(max_batch, max_work, max_qo, heads), dtype=torch.uint8, device=device)
     out = torch.empty_like(d["q_nope"])
     lse = torch.empty(d["q_nope"].shape[:2], dtype=torch.float32, device=device)
     sm_scale = 0.1
@@ -1030,12 +1030,12 @@ def test_cpu_longest_first_matches_reference_and_invariants(B, page_size, heads,
     plan = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
     plan.build(*tensors(qo, kv, kv_len), page_size, heads)
     want = reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch, plan.max_work, longest_first=True)
-    assert plan.metadata.tolist() == want
+    assert plan.schedule.tolist() == want
     check_invariants(plan, kv_len, page_size)  # a request's items still in order, same splits
     monkeypatch.setenv("MLACORE_SCHEDULE", "legacy")
     legacy = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
     legacy.build(*tensors(qo, kv, kv_len), page_size, heads)
-    assert legacy.metadata.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
+    assert legacy.schedule.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
                                                  plan.max_work)
     # The same items, header and per-request sections: only the order of the work array differs.
     n = plan.info.num_work
@@ -1088,18 +1088,18 @@ def test_longest_first_decode_equals_request_order(device, monkeypatch):
 @pytest.mark.parametrize("B", [1, 7, 32, 33, 300, 700])
 def test_gpu_longest_first_device_builds_equal_the_host(B, monkeypatch, watchdog):
     # The exchange (device inputs) and build_device run place_longest_first() on a block of threads;
-    # both must write the host's metadata bit for bit.
+    # both must write the host's schedule bit for bit.
     monkeypatch.setenv("MLACORE_SCHEDULE", "longest_first")
     rng = random.Random(B)
     qo, kv, kv_len = random_batch(rng, B, 16, 2, 20000)
     host = mlacore.MlaPlan("cuda", max_batch=B + 3)
     host.build(*tensors(qo, kv, kv_len), 16, 128)
     want = reference(qo, kv, kv_len, 16, 128, host.num_sms, host.max_batch, host.max_work, longest_first=True)
-    assert host.metadata.cpu().tolist() == want
+    assert host.schedule.cpu().tolist() == want
     exchange = mlacore.MlaPlan("cuda", max_batch=B + 3)
     exchange.build(*tensors(qo, kv, kv_len, device="cuda"), 16, 128)
     device_only = mlacore.MlaPlan("cuda", max_batch=B + 3)
     device_only.build_device(*tensors(qo, kv, kv_len, device="cuda"), 16, 128)
     torch.cuda.synchronize()
-    assert exchange.metadata.cpu().tolist() == want
-    assert device_only.metadata.cpu().tolist() == want
+    assert exchange.schedule.cpu().tolist() == want
+    assert device_only.schedule.cpu().tolist() == want

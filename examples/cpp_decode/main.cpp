@@ -112,8 +112,8 @@ class Side {
     q_pe = alloc(batch * heads * kKpe * 2);
     out = alloc(batch * heads * kCkv * 2);
     lse = alloc(batch * heads * 4);
-    metadata_elems_ = plan_.metadata_size();
-    metadata = alloc(metadata_elems_ * 4);
+    schedule_elems_ = plan_.schedule_size();
+    schedule = alloc(schedule_elems_ * 4);
     // Workspace for any schedule this plan's capacity allows (max_partials =
     // max_work), so it is sized once and never changes between steps.
     dims_ = mlacore_decode_dims{plan_.max_batch(), plan_.max_work(), /*max_qo_len=*/1, plan_.max_work()};
@@ -156,7 +156,7 @@ class Side {
     View qo_h(const_cast<int32_t*>(in.qo_indptr.data()), host, kI32, {batch_ + 1});
     View kvp_h(const_cast<int32_t*>(in.kv_indptr.data()), host, kI32, {batch_ + 1});
     View len_h(const_cast<int32_t*>(in.kv_len.data()), host, kI32, {batch_});
-    View md(metadata, dev_, kI32, {metadata_elems_});
+    View md(schedule, dev_, kI32, {schedule_elems_});
     plan_.build(qo_h.get(), kvp_h.get(), len_h.get(), static_cast<int32_t>(kPageSize), static_cast<int32_t>(heads_),
                 md.get(), stream_);
 
@@ -193,7 +193,7 @@ class Side {
   const mlacore::Plan& plan() const { return plan_; }
 
   void *cache, *kv_indices, *kv_indptr, *qo_indptr, *append_indptr, *kv_len, *seq_lens, *kv_last_page_len;
-  void *batch_indices, *positions, *new_ckv, *new_kpe, *q_nope, *q_pe, *out, *lse, *metadata, *workspace;
+  void *batch_indices, *positions, *new_ckv, *new_kpe, *q_nope, *q_pe, *out, *lse, *schedule, *workspace;
 
  private:
   void* alloc(int64_t bytes) {
@@ -225,7 +225,7 @@ class Side {
   DLDevice dev_;
   int64_t pages_, batch_, heads_;
   mlacore::Plan plan_;
-  int64_t metadata_elems_ = 0, workspace_bytes_ = 0;
+  int64_t schedule_elems_ = 0, workspace_bytes_ = 0;
   mlacore_decode_dims dims_{};
   std::vector<void*> owned_;
 };

@@ -8,10 +8,10 @@ from . import _mlacore
 from ._append import append_paged_kv_cache, append_paged_mla_kv_cache
 from ._append import concat_and_cache_mla
 from ._backends import backends
-from ._decode import BatchMLAPagedAttentionWrapper, workspace_bytes
+from ._mla_decode import BatchMLAPagedAttentionWrapper, workspace_bytes
 from ._kv_layout import combined_kv_view, explain_kv_layout
 from ._paths import get_cmake_dir, get_include, get_library_dir, get_pkgconfig_dir
-from ._plan import MlaPlan, PlanInfo, default_max_work, plan_metadata_size
+from ._plan import MlaPlan, PlanInfo, default_max_work, plan_schedule_size
 from ._slot_mapping import get_batch_indices_positions, get_seq_lens, page_indices_from_block_table, slot_mapping
 from . import mla, page  # FlashInfer's module paths: flashinfer.mla / flashinfer.page
 
@@ -33,7 +33,7 @@ __all__ = [
     "MlaPlan",
     "PlanInfo",
     "default_max_work",
-    "plan_metadata_size",
+    "plan_schedule_size",
     "BatchMLAPagedAttentionWrapper",
     "workspace_bytes",
     "get_include",

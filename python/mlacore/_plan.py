@@ -1,4 +1,4 @@
-"""Plan metadata for MLA decode: `MlaPlan` builds the schedule the decode kernels read."""
+"""The plan for MLA decode: `MlaPlan` builds the schedule the decode kernels read."""
 
 import os
 from typing import NamedTuple, Optional
@@ -7,19 +7,20 @@ import torch
 
 from . import _mlacore
 
-# Mirrors of core/src/plan/schedule.h: header slots and the tile sizes.
-HEADER_FIELDS = ("num_work", "num_partials", "batch", "max_qo_len", "max_kv_len", "chunk_tokens", "total_qo", "error")
-DECODE_TILE_TOKENS = 64
-DECODE_TILE_ROWS = 64
+# The schedule layout's constants, exported by the binding from the core
+# (core/src/plan/schedule.h): the header slots in order and the tile sizes.
+HEADER_FIELDS = _mlacore.SCHEDULE_HEADER_FIELDS
+DECODE_TILE_TOKENS = _mlacore.DECODE_TILE_TOKENS
+DECODE_TILE_ROWS = _mlacore.DECODE_TILE_ROWS
 
 # Header error bits (device-only builds; host builds raise ValueError instead).
-PLAN_ERROR_INDPTR_START = 1
-PLAN_ERROR_INDPTR = 2
-PLAN_ERROR_KV_LEN = 4
+PLAN_ERROR_INDPTR_START = _mlacore.PLAN_ERROR_INDPTR_START
+PLAN_ERROR_INDPTR = _mlacore.PLAN_ERROR_INDPTR
+PLAN_ERROR_KV_LEN = _mlacore.PLAN_ERROR_KV_LEN
 
 
 class PlanInfo(NamedTuple):
-    """Summary of a built schedule (the metadata header)."""
+    """Summary of a built schedule (its header)."""
 
     batch: int
     num_work: int  # work items in use; the other max_work - num_work are padding (request -1)
@@ -31,9 +32,9 @@ class PlanInfo(NamedTuple):
     error: int  # PLAN_ERROR_* bits, 0 unless build_device met invalid inputs
 
 
-def plan_metadata_size(max_batch: int, max_work: int) -> int:
-    """int32 elements of the metadata tensor for a capacity of max_batch requests and max_work items."""
-    return _mlacore.plan_metadata_size(max_batch, max_work)
+def plan_schedule_size(max_batch: int, max_work: int) -> int:
+    """int32 elements of the schedule tensor for a capacity of max_batch requests and max_work items."""
+    return _mlacore.plan_schedule_size(max_batch, max_work)
 
 
 def default_max_work(max_batch: int, num_sms: int) -> int:
@@ -51,7 +52,7 @@ class MlaPlan:
     """The decode schedule for one device and a fixed capacity.
 
     `MlaPlan(device, max_batch, max_work=None, num_sms=None)` allocates
-    `.metadata`, an int32 tensor on `device` laid out as in
+    `.schedule`, an int32 tensor on `device` laid out as in
     core/src/plan/schedule.h (header, kv_last_page_len, split_indptr, work
     items), once. Each build rewrites it in place, so its address is stable
     (CUDA graphs can capture kernels that read it).
@@ -61,13 +62,13 @@ class MlaPlan:
       trip. GPU inputs cost one kernel launch: it validates them and hands
       its verdict (errors, maxima) to the host through a mapped pinned buffer
       owned by the plan, then picks the split chunk, sends its counts the same
-      way, and writes the schedule into `.metadata` (no memcpy, no stream
+      way, and writes the schedule into `.schedule` (no memcpy, no stream
       sync). The call blocks until the current stream reaches that kernel and
       its verdict arrives; the chunk's choice and the placement run on after
       it, ahead of any kernel queued later. The first `.info` after such a
       build waits for the counts (a microsecond or two more).
       Invalid inputs raise ValueError naming the argument and the request, and
-      leave `.metadata` unchanged. Not allowed during CUDA-graph capture.
+      leave `.schedule` unchanged. Not allowed during CUDA-graph capture.
     - `build_device(...)`: the same schedule, bit for bit, computed by one kernel
       on the current stream: no synchronization, capturable in a CUDA graph.
       Values are not checked on the host: an invalid request gets no work, and
@@ -90,18 +91,18 @@ class MlaPlan:
         self._plan = _mlacore.Plan(max_batch, max_work, self.num_sms)
         self.max_batch, self.max_work, _ = self._plan.capacity()
         self._offsets = _mlacore.plan_layout(self.max_batch, self.max_work)
-        self.metadata = torch.zeros(plan_metadata_size(self.max_batch, self.max_work), dtype=torch.int32,
+        self.schedule = torch.zeros(plan_schedule_size(self.max_batch, self.max_work), dtype=torch.int32,
                                     device=self.device)
 
     def build(self, qo_indptr, kv_indptr, kv_len_arr, page_size: int, num_heads: int) -> torch.Tensor:
-        """Plans a batch on the host; returns `.metadata`."""
-        self._plan.build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.metadata)
-        return self.metadata
+        """Plans a batch on the host; returns `.schedule`."""
+        self._plan.build(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.schedule)
+        return self.schedule
 
     def build_device(self, qo_indptr, kv_indptr, kv_len_arr, page_size: int, num_heads: int) -> torch.Tensor:
-        """Plans a batch with a kernel on the current stream (no sync, CUDA-graph safe); returns `.metadata`."""
-        self._plan.build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.metadata)
-        return self.metadata
+        """Plans a batch with a kernel on the current stream (no sync, CUDA-graph safe); returns `.schedule`."""
+        self._plan.build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.schedule)
+        return self.schedule
 
     def set_partial_budget(self, partial_rows: int, partial_qo_len: int = 0) -> None:
         """Caps later builds' partial outputs to a workspace of `partial_rows` fp32 rows (512 values +
@@ -115,7 +116,7 @@ class MlaPlan:
         """The last build's summary. After build_device it is read from the device header (a sync)."""
         i = self._plan.info()
         if not i["on_host"]:
-            header = self.metadata[: len(HEADER_FIELDS)].tolist()
+            header = self.schedule[: len(HEADER_FIELDS)].tolist()
             i = dict(zip(HEADER_FIELDS, header))
         return PlanInfo(**{k: i[k] for k in PlanInfo._fields})
 
@@ -128,19 +129,19 @@ class MlaPlan:
     def kv_last_page_len(self) -> torch.Tensor:
         """View of kv_last_page_len [max_batch]; entries past the batch are 0."""
         start = self._offsets[1]
-        return self.metadata[start : start + self.max_batch]
+        return self.schedule[start : start + self.max_batch]
 
     @property
     def split_indptr(self) -> torch.Tensor:
         """View of split_indptr [max_batch + 1]: request b's partials are [split_indptr[b], split_indptr[b+1])."""
         start = self._offsets[2]
-        return self.metadata[start : start + self.max_batch + 1]
+        return self.schedule[start : start + self.max_batch + 1]
 
     @property
     def work_items(self) -> torch.Tensor:
         """View of the work items [max_work, 4]: (request, kv_begin, kv_end, partial); request -1 is padding."""
         start = self._offsets[3]
-        return self.metadata[start : start + 4 * self.max_work].view(self.max_work, 4)
+        return self.schedule[start : start + 4 * self.max_work].view(self.max_work, 4)
 
     def __repr__(self):
         return (f"MlaPlan(device={self.device}, max_batch={self.max_batch}, max_work={self.max_work}, "

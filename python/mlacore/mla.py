@@ -1,7 +1,7 @@
 """FlashInfer's `flashinfer.mla` name for MLA decode, mapped onto mlacore:
 `mlacore.mla.BatchMLAPagedAttentionWrapper` replaces
-`flashinfer.mla.BatchMLAPagedAttentionWrapper` (see mlacore._decode)."""
+`flashinfer.mla.BatchMLAPagedAttentionWrapper` (see mlacore._mla_decode)."""
 
-from ._decode import BatchMLAPagedAttentionWrapper, workspace_bytes
+from ._mla_decode import BatchMLAPagedAttentionWrapper, workspace_bytes
 
 __all__ = ["BatchMLAPagedAttentionWrapper", "workspace_bytes"]

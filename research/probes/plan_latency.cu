@@ -107,7 +107,7 @@ int main() {
   MCHECK(mlacore_plan_create(kMaxBatch, 0, sms, &host_plan));
   int64_t mb = 0, mw = 0;
   MCHECK(mlacore_plan_capacity(plan, &mb, &mw, nullptr));
-  int64_t total = mlacore_plan_metadata_size(mb, mw);
+  int64_t total = mlacore_plan_schedule_size(mb, mw);
   int32_t* meta = nullptr;
   CHECK(cudaMalloc(&meta, total * 4));
   std::vector<int32_t> host_meta(total + 4);

@@ -287,7 +287,7 @@ struct Decode {
   std::vector<uint16_t> q, cache, ckv_sep, kpe_sep;
   int64_t page_stride;
   mlacore_plan* plan = nullptr;
-  std::vector<int32_t> metadata;
+  std::vector<int32_t> schedule;
   mlacore_decode_dims dims{};
   std::vector<unsigned char> ws_storage;
   unsigned char* ws = nullptr;
@@ -343,8 +343,8 @@ struct Decode {
     int64_t max_batch = 0, max_work = 0;
     int32_t sms = 0;
     mlacore::check(mlacore_plan_capacity(plan, &max_batch, &max_work, &sms));
-    metadata.assign(mlacore_plan_metadata_size(max_batch, max_work), 0);
-    tmd.reset(new Tensor(metadata.data(), kI32, {static_cast<int64_t>(metadata.size())}));
+    schedule.assign(mlacore_plan_schedule_size(max_batch, max_work), 0);
+    tmd.reset(new Tensor(schedule.data(), kI32, {static_cast<int64_t>(schedule.size())}));
     mlacore::check(mlacore_plan_build(plan, tqo->p(), tkvp->p(), tlen->p(), static_cast<int32_t>(ps),
                                       static_cast<int32_t>(h), tmd->p(), nullptr));
     mlacore_plan_info info{};
@@ -358,7 +358,7 @@ struct Decode {
   }
   ~Decode() { mlacore_plan_destroy(plan); }
 
-  // Offset of kv_last_page_len in the metadata.
+  // Offset of kv_last_page_len in the schedule.
   int64_t last_page_offset() const {
     int64_t off[4];
     mlacore::check(mlacore_plan_layout(dims.max_batch, dims.max_work, off));
@@ -432,7 +432,7 @@ void check_decode(Decode& d, const Fake& f, int64_t want_splits = 0) {
                                                       static_cast<int64_t>(d.kv_indices.size()), 8,
                                                       d.kv_indices.data()));
   CHECK(field(line, "kv_last_page_lens") ==
-        tensor_text(std::to_string(B), "1", B, 8, d.metadata.data() + d.last_page_offset()));
+        tensor_text(std::to_string(B), "1", B, 8, d.schedule.data() + d.last_page_offset()));
   CHECK(field(line, "num_kv_splits_indptr") == tensor_text(std::to_string(B + 1), "1", B + 1, 8, d.ws + si_off));
   CHECK(field(line, "work_meta_data") == "null" && field(line, "work_indptr") == "null" &&
         field(line, "work_info_set") == "null");

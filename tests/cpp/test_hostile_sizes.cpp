@@ -103,7 +103,7 @@ void decode_dims() {
   for (float v : lse) CHECK(v == 42.f);
   for (unsigned char v : ws) CHECK(v == 0);
 
-  CHECK(mlacore_plan_metadata_size(I64MAX, I64MAX) == -1);
+  CHECK(mlacore_plan_schedule_size(I64MAX, I64MAX) == -1);
 
   // D10: -1, not a wrapped value, when the byte count leaves int64.
   CHECK(mlacore_mla_decode_workspace_bytes({1, 1, int64_t(1) << 61, 1}, 128) == -1);
@@ -160,7 +160,7 @@ void plan_extremes() {
       // the query tokens split over two requests with a full KV each.
       int64_t qo[3] = {0, max_batch == 1 ? n : n / 2, n}, kv[3] = {0, 1, 2}, len[2] = {n, n};
       T tqo(qo, kI64, {max_batch + 1}), tkv(kv, kI64, {max_batch + 1}), tlen(len, kI64, {max_batch});
-      const int64_t total = mlacore_plan_metadata_size(max_batch, mlacore_plan_default_max_work(max_batch, sms));
+      const int64_t total = mlacore_plan_schedule_size(max_batch, mlacore_plan_default_max_work(max_batch, sms));
       CHECK(total > 0);
       std::vector<int32_t> md(size_t(total), 0);
       T tmd(md.data(), kI32, {total});

@@ -1,4 +1,4 @@
-// Plan metadata through the C ABI and the C++ wrapper, on CPU DLTensors:
+// Plan schedule through the C ABI and the C++ wrapper, on CPU DLTensors:
 // layout sizes, coverage of every KV token, splits, padding, errors.
 #include <mlacore/mlacore.hpp>
 
@@ -82,8 +82,8 @@ void check_schedule(const std::vector<int32_t>& meta, const Layout& L, const std
 
 int main() {
   CHECK(mlacore_plan_default_max_work(8, 132) == 8 + 132);
-  CHECK(mlacore_plan_metadata_size(4, 10) == ((8 + 4 + 5 + 3) / 4 * 4) + 40);
-  CHECK(mlacore_plan_metadata_size(-1, 10) == -1);
+  CHECK(mlacore_plan_schedule_size(4, 10) == ((8 + 4 + 5 + 3) / 4 * 4) + 40);
+  CHECK(mlacore_plan_schedule_size(-1, 10) == -1);
 
   // A mixed batch: long, empty, short, one page exactly, MTP (qo_len 3).
   const int page_size = 16;
@@ -97,7 +97,7 @@ int main() {
   const int64_t max_work = plan.max_work();
   CHECK(max_work == 8 + 16);
   const Layout L = layout_of(max_batch, max_work);
-  std::vector<int32_t> meta(static_cast<size_t>(plan.metadata_size()), 12345);
+  std::vector<int32_t> meta(static_cast<size_t>(plan.schedule_size()), 12345);
   Vec t_qo(qo, kI32), t_kv(kv, kI32), t_len(kv_len, kI32), t_meta(meta, kI32);
   plan.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_meta.t);
   check_schedule(meta, L, kv_len, max_work, page_size);
@@ -145,7 +145,7 @@ int main() {
   Vec t_short(short_meta, kI32);
   CHECK(mlacore_plan_build(plan.handle(), &t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_short.t, nullptr) ==
         MLACORE_ERROR_VALUE);
-  CHECK_CONTAINS(mlacore_last_error(), "metadata: expected at least");
+  CHECK_CONTAINS(mlacore_last_error(), "schedule: expected at least");
 
   CHECK(mlacore_plan_build(plan.handle(), &t_qo.t, nullptr, &t_len.t, page_size, 16, &t_meta.t, nullptr) ==
         MLACORE_ERROR_TYPE);
@@ -157,7 +157,7 @@ int main() {
   mlacore::Plan small(2, 4);
   bool threw = false;
   try {
-    std::vector<int32_t> m(static_cast<size_t>(small.metadata_size()));
+    std::vector<int32_t> m(static_cast<size_t>(small.schedule_size()));
     Vec t_m(m, kI32);
     small.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_m.t);
   } catch (const mlacore::Error& e) {
@@ -171,13 +171,13 @@ int main() {
   // A full batch with max_work == max_batch leaves no room to split: one
   // item per request, no partials. With spare items it splits within them.
   mlacore::Plan tight(5, 16, 5);
-  std::vector<int32_t> meta3(static_cast<size_t>(tight.metadata_size()));
+  std::vector<int32_t> meta3(static_cast<size_t>(tight.schedule_size()));
   Vec t_meta3(meta3, kI32);
   tight.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_meta3.t);
   check_schedule(meta3, layout_of(5, 5), kv_len, 5, page_size);
   CHECK(meta3[0] == 5 && meta3[1] == 0);
   mlacore::Plan spare(5, 16, 8);
-  std::vector<int32_t> meta4(static_cast<size_t>(spare.metadata_size()));
+  std::vector<int32_t> meta4(static_cast<size_t>(spare.schedule_size()));
   Vec t_meta4(meta4, kI32);
   spare.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_meta4.t);
   check_schedule(meta4, layout_of(5, 8), kv_len, 8, page_size);

@@ -95,6 +95,6 @@ MLACORE_API mlacore_status mlacore_noop(const DLTensor* const* tensors, int32_t 
 #include <mlacore/paged_append.h>
 #include <mlacore/kv_layout.h>
 #include <mlacore/slot_mapping.h>
-#include <mlacore/decode.h>
+#include <mlacore/mla_decode.h>
 
 #endif /* MLACORE_MLACORE_H_ */

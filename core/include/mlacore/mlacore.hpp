@@ -34,7 +34,7 @@ inline void noop(const DLTensor* const* tensors, int32_t count, void* stream = n
 
 // Capability wrappers follow, one section per capability header.
 
-// --- Plan metadata (plan.h) ---
+// --- Plan schedule (plan.h) ---
 // Owns an mlacore_plan; move-only. See plan.h for what each build costs.
 class Plan {
  public:
@@ -55,18 +55,18 @@ class Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  // int32 elements the metadata tensor needs.
-  int64_t metadata_size() const { return mlacore_plan_metadata_size(max_batch(), max_work()); }
+  // int32 elements the schedule tensor needs.
+  int64_t schedule_size() const { return mlacore_plan_schedule_size(max_batch(), max_work()); }
   int64_t max_batch() const { int64_t b = 0; check(mlacore_plan_capacity(plan_, &b, nullptr, nullptr)); return b; }
   int64_t max_work() const { int64_t w = 0; check(mlacore_plan_capacity(plan_, nullptr, &w, nullptr)); return w; }
 
   void build(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr, int32_t page_size,
-             int32_t num_heads, const DLTensor* metadata, void* stream = nullptr) {
-    check(mlacore_plan_build(plan_, qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, metadata, stream));
+             int32_t num_heads, const DLTensor* schedule, void* stream = nullptr) {
+    check(mlacore_plan_build(plan_, qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, schedule, stream));
   }
   void build_device(const DLTensor* qo_indptr, const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                    int32_t page_size, int32_t num_heads, const DLTensor* metadata, void* stream = nullptr) {
-    check(mlacore_plan_build_device(plan_, qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, metadata,
+                    int32_t page_size, int32_t num_heads, const DLTensor* schedule, void* stream = nullptr) {
+    check(mlacore_plan_build_device(plan_, qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, schedule,
                                     stream));
   }
   mlacore_plan_info info() const { mlacore_plan_info i{}; check(mlacore_plan_get_info(plan_, &i)); return i; }
@@ -171,27 +171,27 @@ inline void batch_indices_positions(const DLTensor* append_indptr, const DLTenso
   check(mlacore_batch_indices_positions(append_indptr, seq_lens, batch_indices, positions, stream));
 }
 
-// --- MLA decode (decode.h) ---
+// --- MLA decode (mla_decode.h) ---
 inline int64_t mla_decode_workspace_bytes(mlacore_decode_dims dims, int64_t num_heads) {
   return mlacore_mla_decode_workspace_bytes(dims, num_heads);
 }
 
 inline void mla_decode(const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
                        const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr,
-                       const DLTensor* kv_len, const DLTensor* metadata, const DLTensor* workspace,
+                       const DLTensor* kv_len, const DLTensor* schedule, const DLTensor* workspace,
                        const DLTensor* out, const DLTensor* lse, mlacore_decode_dims dims, int64_t page_size,
                        float sm_scale, uint32_t flags, void* stream = nullptr) {
-  check(mlacore_mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace,
+  check(mlacore_mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace,
                            out, lse, dims, page_size, sm_scale, flags, stream));
 }
 
 // The same with a backend request (mlacore_backend): see mlacore_mla_decode_backend.
 inline void mla_decode(const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
                        const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr,
-                       const DLTensor* kv_len, const DLTensor* metadata, const DLTensor* workspace,
+                       const DLTensor* kv_len, const DLTensor* schedule, const DLTensor* workspace,
                        const DLTensor* out, const DLTensor* lse, mlacore_decode_dims dims, int64_t page_size,
                        float sm_scale, uint32_t flags, mlacore_backend backend, void* stream = nullptr) {
-  check(mlacore_mla_decode_backend(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata,
+  check(mlacore_mla_decode_backend(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule,
                                    workspace, out, lse, dims, page_size, sm_scale, flags, backend, stream));
 }
 

@@ -1,23 +1,23 @@
-/* mlacore plan metadata: the decode schedule (work items over KV chunks,
+/* mlacore plan: the decode schedule (work items over KV chunks,
  * last-page lengths, partial-output indices) that the MLA decode kernels read.
  *
  * A plan is an opaque handle sized for a capacity (max_batch requests,
  * max_work work items) and an SM/CU count. Its schedule goes into an int32
- * metadata tensor the caller allocates with mlacore_plan_metadata_size()
+ * schedule tensor the caller allocates with mlacore_plan_schedule_size()
  * elements (1-D, contiguous, 16-byte aligned), on the GPU or the CPU.
  *
  * Inputs, all 1-D int32 or int64 (strides honoured): qo_indptr [batch+1]
  * (query tokens), kv_indptr [batch+1] (pages), kv_len_arr [batch] (tokens).
  *
  *  - mlacore_plan_build: a schedule checked on the host. Host inputs: the
- *    host computes it, no round trip (a device metadata tensor gets one async
+ *    host computes it, no round trip (a device schedule tensor gets one async
  *    H2D copy). Device inputs: one kernel launch and nothing else: the kernel
  *    validates the three arrays and stores its verdict into the plan's mapped
  *    pinned staging buffer, then picks the split chunk, stores the
- *    schedule's counts there too, and writes the schedule into the metadata
+ *    schedule's counts there too, and writes the schedule into the schedule
  *    tensor (no memcpy, no stream synchronization). The call blocks the host
  *    thread until the stream reaches that kernel and its verdict is there,
- *    as any round trip does; kernels queued after it read the metadata in
+ *    as any round trip does; kernels queued after it read the schedule in
  *    stream order. The first mlacore_plan_get_info() after it waits for the
  *    counts (num_work, num_partials, chunk_tokens), which follow the verdict
  *    by the chunk's decision. The kernel never waits for the host, so
@@ -25,7 +25,7 @@
  *    launches) work the same.
  *    Invalid values raise MLACORE_ERROR_VALUE naming the argument and request
  *    (worded from the inputs the kernel staged when it rejected them); the
- *    metadata tensor then keeps its contents (after a runtime error they are
+ *    schedule tensor then keeps its contents (after a runtime error they are
  *    unspecified).
  *    Not allowed while the stream captures a CUDA graph (refused before any
  *    launch; use mlacore_plan_build_device there).
@@ -48,7 +48,7 @@ extern "C" {
 
 typedef struct mlacore_plan mlacore_plan;
 
-/* Error bits of the metadata header (device-only builds). */
+/* Error bits of the schedule header (device-only builds). */
 #define MLACORE_PLAN_ERROR_INDPTR_START 1 /* qo_indptr[0] or kv_indptr[0] != 0: nothing planned */
 #define MLACORE_PLAN_ERROR_INDPTR 2       /* an indptr decreases or exceeds int32 at some request */
 #define MLACORE_PLAN_ERROR_KV_LEN 4       /* kv_len < 0 or not matching its page count */
@@ -79,8 +79,8 @@ typedef struct mlacore_plan_stats {
 /* Work items that are enough for any batch of up to max_batch requests. */
 MLACORE_API int64_t mlacore_plan_default_max_work(int64_t max_batch, int32_t num_sms);
 
-/* int32 elements of the metadata tensor for a capacity; -1 for invalid values. */
-MLACORE_API int64_t mlacore_plan_metadata_size(int64_t max_batch, int64_t max_work);
+/* int32 elements of the schedule tensor for a capacity; -1 for invalid values. */
+MLACORE_API int64_t mlacore_plan_schedule_size(int64_t max_batch, int64_t max_work);
 
 /* Offsets (int32 elements) of the header, kv_last_page_len, split_indptr and
  * work-item sections, in that order, into `offsets[4]`. */
@@ -93,12 +93,12 @@ MLACORE_API void mlacore_plan_destroy(mlacore_plan* plan);
 
 MLACORE_API mlacore_status mlacore_plan_build(mlacore_plan* plan, const DLTensor* qo_indptr,
                                               const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
-                                              int32_t page_size, int32_t num_heads, const DLTensor* metadata,
+                                              int32_t page_size, int32_t num_heads, const DLTensor* schedule,
                                               void* stream);
 MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const DLTensor* qo_indptr,
                                                      const DLTensor* kv_indptr, const DLTensor* kv_len_arr,
                                                      int32_t page_size, int32_t num_heads,
-                                                     const DLTensor* metadata, void* stream);
+                                                     const DLTensor* schedule, void* stream);
 
 /* The workspace cap on partial outputs, applied by every later build (both
  * kinds, bit-identical between them): the decode's workspace holds

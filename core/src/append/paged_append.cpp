@@ -1,5 +1,5 @@
 // Paged append: validation, backend routing, strict-mode checks, the CPU path
-// and the C entry points. The GPU kernel is in paged_append.cu, the AITER
+// and the C entry points. The GPU kernels are launched by append_launch.cu, the AITER
 // route in aiter_cache_write.cpp.
 #include <mlacore/backend.h>
 #include <mlacore/paged_append.h>
@@ -30,17 +30,17 @@ bool strict_from_env() {
 
 // Byte stride of `dim`; 0 when the dim has one element, so a stride that is
 // never multiplied by a non-zero index cannot narrow the access width.
-int64_t bstride(const Arg& a, int dim, int64_t es) { return a.size(dim) > 1 ? a.stride(dim) * es : 0; }
+int64_t bstride(const CheckedTensor& a, int dim, int64_t es) { return a.size(dim) > 1 ? a.stride(dim) * es : 0; }
 
-void expect_dtype_of(const Arg& a, const Arg& ref) {
+void expect_dtype_of(const CheckedTensor& a, const CheckedTensor& ref) {
   if (a.dtype() != ref.dtype())
     value_error(a.name(), ": expected ", dtype_name(ref.dtype()), " (the dtype of ", ref.name(), "), got ",
                 a.describe());
 }
 
-void expect_cache_dtype(const Arg& a) { a.expect_dtype({DType::BF16, DType::F16, DType::F32}); }
+void expect_cache_dtype(const CheckedTensor& a) { a.expect_dtype({DType::BF16, DType::F16, DType::F32}); }
 
-IndexVec index_vec(const Arg& a) {
+IndexVec index_vec(const CheckedTensor& a) {
   // Strict mode copies the span [0, (n-1)*stride] to the host; a negative
   // stride would put it before the data pointer.
   if (a.size(0) > 1 && a.stride(0) < 0)
@@ -63,8 +63,8 @@ void fill_table(PageTable<Idx>& t, const IndexVec& indices, int64_t num_indices,
 
 // Validates the index tensors against `nnz` and the cache (`anchor`), and
 // fills the job's page table and per-token indices.
-void set_indices(Job& job, const Arg& anchor, int64_t nnz, int64_t num_pages, int64_t page_size, const Arg& bi,
-                 const Arg& pos, const Arg& idx, const Arg& ptr, const Arg& last) {
+void set_indices(Job& job, const CheckedTensor& anchor, int64_t nnz, int64_t num_pages, int64_t page_size, const CheckedTensor& bi,
+                 const CheckedTensor& pos, const CheckedTensor& idx, const CheckedTensor& ptr, const CheckedTensor& last) {
   bi.expect_index_vector(nnz, "nnz");
   pos.expect_index_vector(nnz, "nnz");
   // The batch is defined by kv_indptr (as in FlashInfer); kv_last_page_len
@@ -77,7 +77,7 @@ void set_indices(Job& job, const Arg& anchor, int64_t nnz, int64_t num_pages, in
   if (idx.dtype() != ptr.dtype())
     value_error(idx.name(), ": expected ", dtype_name(ptr.dtype()), " (the dtype of ", ptr.name(), "), got ",
                 idx.describe());
-  for (const Arg* a : {&bi, &pos, &idx, &ptr, &last}) a->expect_same_device(anchor);
+  for (const CheckedTensor* a : {&bi, &pos, &idx, &ptr, &last}) a->expect_same_device(anchor);
   if (page_size < 1) value_error(anchor.name(), ": expected a page size of at least 1, got ", anchor.describe());
 
   job.batch = index_vec(bi);
@@ -215,14 +215,14 @@ void run_cpu(const Job& job, int64_t page_size, Slot&& slot_of) {
 
 // ---- routing and execution ----------------------------------------------------
 
-aiter_tensor_t aiter_tensor(const Arg& a) {
+aiter_tensor_t aiter_tensor(const CheckedTensor& a) {
   aiter_tensor_t t;
   std::string why;
   if (!to_aiter_tensor(a.dl(), &t, &why)) runtime_error(a.name(), ": cannot be handed to AITER: ", why);
   return t;
 }
 
-AiterDtype aiter_cache_dtype(const Arg& cache) {
+AiterDtype aiter_cache_dtype(const CheckedTensor& cache) {
   AiterDtype dt{};
   if (!to_aiter_dtype(cache.dl().dtype, &dt)) runtime_error(cache.name(), ": no AITER dtype for ", cache.describe());
   return dt;
@@ -232,7 +232,7 @@ AiterDtype aiter_cache_dtype(const Arg& cache) {
 // the route picks AITER, so native calls build nothing for it.
 // Strict mode (by request or MLACORE_STRICT): every token checked before
 // anything is written; the one place an append synchronizes.
-void check_strict(const char* op, const Job& job, const Arg& anchor, Where where, int32_t strict, void* stream) {
+void check_strict(const char* op, const Job& job, const CheckedTensor& anchor, Where where, int32_t strict, void* stream) {
   if (strict == 0 && !strict_from_env()) return;
   if (where == Where::CPU) {
     check_tokens(op, job);
@@ -247,7 +247,7 @@ void check_strict(const char* op, const Job& job, const Arg& anchor, Where where
 }
 
 // The native copy, on the CPU or the GPU; nothing synchronizes.
-void run_native(const Job& job, const Arg& anchor, Where where, void* stream) {
+void run_native(const Job& job, const CheckedTensor& anchor, Where where, void* stream) {
   if (job.nnz == 0) return;
   if (where == Where::CPU) {
     if (job.by_slot) {
@@ -270,7 +270,7 @@ void run_native(const Job& job, const Arg& anchor, Where where, void* stream) {
 // `make_aiter` describes the call to AITER's cache writes; it runs only when
 // the route picks AITER, so native calls build nothing for it.
 template <class MakeAiter>
-void execute(const char* op, const Job& job, const Arg& anchor, const mlacore_route_request& request,
+void execute(const char* op, const Job& job, const CheckedTensor& anchor, const mlacore_route_request& request,
              int32_t backend, int32_t strict, void* stream, MakeAiter&& make_aiter) {
   const bool aiter = route(request, parse_backend(backend), false).backend == Backend::Aiter;
   const Where where = where_to_run(anchor);
@@ -283,10 +283,10 @@ void append_mla(const DLTensor* append_ckv, const DLTensor* append_kpe, const DL
                 const DLTensor* positions, const DLTensor* ckv_cache, const DLTensor* kpe_cache,
                 const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* kv_last_page_len,
                 int32_t backend, int32_t strict, void* stream) {
-  const Arg ckv(append_ckv, "append_ckv"), kpe(append_kpe, "append_kpe");
-  const Arg bi(batch_indices, "batch_indices"), pos(positions, "positions");
-  const Arg cc(ckv_cache, "ckv_cache"), kc(kpe_cache, "kpe_cache");
-  const Arg idx(kv_indices, "kv_indices"), ptr(kv_indptr, "kv_indptr"), last(kv_last_page_len, "kv_last_page_len");
+  const CheckedTensor ckv(append_ckv, "append_ckv"), kpe(append_kpe, "append_kpe");
+  const CheckedTensor bi(batch_indices, "batch_indices"), pos(positions, "positions");
+  const CheckedTensor cc(ckv_cache, "ckv_cache"), kc(kpe_cache, "kpe_cache");
+  const CheckedTensor idx(kv_indices, "kv_indices"), ptr(kv_indptr, "kv_indptr"), last(kv_last_page_len, "kv_last_page_len");
 
   cc.expect_ndim(3);
   expect_cache_dtype(cc);
@@ -354,10 +354,10 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
                 "), got ", layout);
   const bool nhd = layout == MLACORE_LAYOUT_NHD;
   const bool fused = v_cache == nullptr;
-  const Arg kc(k_cache, fused ? "paged_kv_cache" : "paged_kv_cache[0]");
-  const Arg key(append_key, "append_key"), value(append_value, "append_value");
-  const Arg bi(batch_indices, "batch_indices"), pos(positions, "positions");
-  const Arg idx(kv_indices, "kv_indices"), ptr(kv_indptr, "kv_indptr"), last(kv_last_page_len, "kv_last_page_len");
+  const CheckedTensor kc(k_cache, fused ? "paged_kv_cache" : "paged_kv_cache[0]");
+  const CheckedTensor key(append_key, "append_key"), value(append_value, "append_value");
+  const CheckedTensor bi(batch_indices, "batch_indices"), pos(positions, "positions");
+  const CheckedTensor idx(kv_indices, "kv_indices"), ptr(kv_indptr, "kv_indptr"), last(kv_last_page_len, "kv_last_page_len");
 
   // Dims of the cache after the page dim (and, fused, the K/V dim).
   const int first = fused ? 2 : 1;
@@ -379,7 +379,7 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   if (fused) {
     vview.base = kc.ptr<char>() + kc.stride(1) * es;
   } else {
-    const Arg vc(v_cache, "paged_kv_cache[1]");
+    const CheckedTensor vc(v_cache, "paged_kv_cache[1]");
     vc.expect_ndim(4);
     expect_dtype_of(vc, kc);
     vc.expect_same_device(kc);
@@ -395,7 +395,7 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   }
 
   int64_t nnz = 0;
-  for (const Arg* src : {&key, &value}) {
+  for (const CheckedTensor* src : {&key, &value}) {
     src->expect_ndim(3);
     expect_dtype_of(*src, kc);
     src->expect_same_device(kc);
@@ -409,7 +409,7 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
   Job job;
   set_indices(job, kc, nnz, pages, page_size, bi, pos, idx, ptr, last);
   const KvView* views[2] = {&kview, &vview};
-  const Arg* srcs[2] = {&key, &value};
+  const CheckedTensor* srcs[2] = {&key, &value};
   for (int s = 0; s < 2; ++s) {
     job.streams[s] = {srcs[s]->ptr<char>(), bstride(*srcs[s], 0, es), bstride(*srcs[s], 1, es), views[s]->base,
                       views[s]->page, views[s]->token, views[s]->head, dim * es, heads};
@@ -442,7 +442,7 @@ void append_kv(const DLTensor* append_key, const DLTensor* append_value, const D
 // into kv_cache [num_blocks, block_size, Dc + Dp] at slot_mapping[i].
 void concat_mla(const DLTensor* kv_c, const DLTensor* k_pe, const DLTensor* kv_cache, const DLTensor* slot_mapping,
                 int32_t strict, void* stream) {
-  const Arg c(kv_c, "kv_c"), pe(k_pe, "k_pe"), cache(kv_cache, "kv_cache"), slots(slot_mapping, "slot_mapping");
+  const CheckedTensor c(kv_c, "kv_c"), pe(k_pe, "k_pe"), cache(kv_cache, "kv_cache"), slots(slot_mapping, "slot_mapping");
   cache.expect_ndim(3);
   expect_cache_dtype(cache);
   cache.expect_last_dim_contiguous();

@@ -1,5 +1,5 @@
 // What the host side of the paged append (paged_append.cpp) hands its GPU
-// launcher (paged_append.cu): a validated Job (append_job.h).
+// launcher (append_launch.cu): a validated Job (append_job.h).
 #pragma once
 
 #include "append/append_job.h"

@@ -14,7 +14,7 @@ namespace mlacore {
 
 enum class Where { CPU, GPU };
 
-inline Where where_to_run(const Arg& anchor) {
+inline Where where_to_run(const CheckedTensor& anchor) {
   switch (anchor.device()) {
     case DeviceKind::CPU:
       return Where::CPU;

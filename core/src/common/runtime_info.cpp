@@ -63,7 +63,7 @@ MLACORE_API mlacore_status mlacore_noop(const DLTensor* const* tensors, int32_t 
   return mlacore::guarded([&] {
     if (count < 0) mlacore::value_error("count: expected >= 0, got ", count);
     if (count > 0 && tensors == nullptr) mlacore::type_error("tensors: expected an array, got NULL");
-    for (int32_t i = 0; i < count; ++i) mlacore::Arg(tensors[i], "tensors[i]");
+    for (int32_t i = 0; i < count; ++i) mlacore::CheckedTensor(tensors[i], "tensors[i]");
   });
 }
 

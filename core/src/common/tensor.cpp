@@ -58,7 +58,7 @@ std::string shape_str(const DLTensor& t) {
   return s + ")";
 }
 
-Arg::Arg(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
+CheckedTensor::CheckedTensor(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
   if (tensor == nullptr) type_error(name, ": expected a tensor, got NULL");
   if (tensor->ndim < 0 || tensor->ndim > 8 || (tensor->ndim > 0 && tensor->shape == nullptr))
     value_error(name, ": malformed DLTensor (ndim ", tensor->ndim, ")");
@@ -71,7 +71,7 @@ Arg::Arg(const DLTensor* tensor, const char* name) : t_(tensor), name_(name) {
 // Every size computation on this tensor afterwards (numel, numel * itemsize,
 // index * stride * itemsize for an index within its dim) fits int64, so the
 // ops index it without overflow checks of their own.
-void Arg::expect_addressable() const {
+void CheckedTensor::expect_addressable() const {
   for (int i = 0; i < t_->ndim; ++i)
     if (t_->shape[i] == 0) return;  // nothing is addressed: any data pointer, strides and other sizes
   int64_t n = 1;
@@ -95,14 +95,14 @@ void Arg::expect_addressable() const {
     value_error(name_, ": expected a data pointer for a non-empty tensor, got NULL (shape ", shape_str(*t_), ")");
 }
 
-void Arg::expect_element_aligned() const {
+void CheckedTensor::expect_element_aligned() const {
   const int64_t isz = itemsize(dtype_);
   if (numel() > 0 && isz > 1 && reinterpret_cast<uintptr_t>(data()) % uint64_t(isz) != 0)
     value_error(name_, ": expected a ", isz, "-byte aligned address for ", dtype_name(dtype_), " elements, got ",
                 data());
 }
 
-int64_t Arg::stride(int dim) const noexcept {
+int64_t CheckedTensor::stride(int dim) const noexcept {
   if (t_->strides != nullptr) return t_->strides[dim];
   // Fits int64 for any tensor with elements (the constructor checked the
   // element count); an empty one may have sizes whose product does not.
@@ -112,7 +112,7 @@ int64_t Arg::stride(int dim) const noexcept {
   return s;
 }
 
-int64_t Arg::numel() const noexcept {
+int64_t CheckedTensor::numel() const noexcept {
   for (int i = 0; i < t_->ndim; ++i)
     if (t_->shape[i] == 0) return 0;
   int64_t n = 1;  // fits: the constructor checked the product
@@ -120,7 +120,7 @@ int64_t Arg::numel() const noexcept {
   return n;
 }
 
-DeviceKind Arg::device() const noexcept {
+DeviceKind CheckedTensor::device() const noexcept {
   switch (t_->device.device_type) {
     case kDLCPU: case kDLCUDAHost: case kDLROCMHost: return DeviceKind::CPU;
     case kDLCUDA: case kDLCUDAManaged: return DeviceKind::CUDA;
@@ -129,7 +129,7 @@ DeviceKind Arg::device() const noexcept {
   }
 }
 
-std::string Arg::device_str() const {
+std::string CheckedTensor::device_str() const {
   switch (device()) {
     case DeviceKind::CPU: return "cpu";
     case DeviceKind::CUDA: return cat("cuda:", device_id());
@@ -138,19 +138,19 @@ std::string Arg::device_str() const {
   }
 }
 
-std::string Arg::describe() const {
+std::string CheckedTensor::describe() const {
   return cat(dtype_name(dtype_), " tensor of shape ", shape_str(*t_), " on ", device_str());
 }
 
-void Arg::fail(const std::string& expected) const {
+void CheckedTensor::fail(const std::string& expected) const {
   value_error(name_, ": expected ", expected, ", got ", describe());
 }
 
-void Arg::expect_ndim(int n) const {
+void CheckedTensor::expect_ndim(int n) const {
   if (ndim() != n) fail(cat(n, "-D tensor"));
 }
 
-void Arg::expect_dtype(std::initializer_list<DType> allowed) const {
+void CheckedTensor::expect_dtype(std::initializer_list<DType> allowed) const {
   for (DType d : allowed)
     if (d == dtype_) return;
   std::string names;
@@ -158,12 +158,12 @@ void Arg::expect_dtype(std::initializer_list<DType> allowed) const {
   fail(names);
 }
 
-void Arg::expect_size(int dim, int64_t expected, const char* what) const {
+void CheckedTensor::expect_size(int dim, int64_t expected, const char* what) const {
   if (ndim() <= dim || size(dim) != expected)
     fail(cat("size ", expected, what ? cat(" (", what, ")") : std::string(), " in dim ", dim));
 }
 
-void Arg::expect_index_vector(int64_t length, const char* length_desc) const {
+void CheckedTensor::expect_index_vector(int64_t length, const char* length_desc) const {
   const bool ok_kind = ndim() == 1 && (dtype_ == DType::I32 || dtype_ == DType::I64);
   const bool ok_len = length < 0 || (ndim() == 1 && size(0) == length);
   if (ok_kind && ok_len) {
@@ -178,18 +178,18 @@ void Arg::expect_index_vector(int64_t length, const char* length_desc) const {
   fail(expected);
 }
 
-void Arg::expect_same_device(const Arg& other) const {
+void CheckedTensor::expect_same_device(const CheckedTensor& other) const {
   if (device() != other.device() || (!on_cpu() && device_id() != other.device_id()))
     value_error(name_, ": expected a tensor on ", other.device_str(), " (the device of ", other.name(),
                 "), got one on ", device_str());
 }
 
-void Arg::expect_last_dim_contiguous() const {
+void CheckedTensor::expect_last_dim_contiguous() const {
   if (ndim() > 0 && size(ndim() - 1) > 1 && stride(ndim() - 1) != 1)
     fail(cat("a contiguous last dimension (stride 1), stride is ", stride(ndim() - 1)));
 }
 
-void Arg::expect_contiguous() const {
+void CheckedTensor::expect_contiguous() const {
   int64_t expected = 1;
   for (int i = ndim() - 1; i >= 0; --i) {
     if (size(i) != 1 && stride(i) != expected) fail("a contiguous tensor");

@@ -19,12 +19,14 @@ int64_t itemsize(DType d) noexcept;
 
 enum class DeviceKind : uint8_t { CPU, CUDA, ROCM, Other };
 
-// One validated argument: a non-null DLTensor with a name for messages. The
+// One validated argument: a view of a non-null DLTensor, checked on
+// construction, with a name for messages. It owns nothing (the bindings'
+// BorrowedTensor is what holds a converted Python object for a call). The
 // constructor refuses a malformed tensor, one whose element count, byte size
 // or stride span leaves int64, and a non-empty one with a NULL data pointer.
-class Arg {
+class CheckedTensor {
  public:
-  Arg(const DLTensor* tensor, const char* name);  // type_error when tensor is NULL
+  CheckedTensor(const DLTensor* tensor, const char* name);  // type_error when tensor is NULL
 
   const char* name() const noexcept { return name_; }
   const DLTensor& dl() const noexcept { return *t_; }
@@ -57,7 +59,7 @@ class Arg {
   // The first element at an address that is a multiple of the element size
   // (an empty tensor is never read: any address).
   void expect_element_aligned() const;
-  void expect_same_device(const Arg& other) const;
+  void expect_same_device(const CheckedTensor& other) const;
   void expect_last_dim_contiguous() const;
   void expect_contiguous() const;
 

@@ -3,7 +3,7 @@
 // outputs or fp32 partials, then the LSE combine), so CPU tests check the
 // schedule and the combine, not only the attention arithmetic.
 #include <mlacore/backend.h>
-#include <mlacore/decode.h>
+#include <mlacore/mla_decode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -140,7 +140,7 @@ void cpu_work_item(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, 
 
 template <class Idx>
 void cpu_combine(const DecodeParams<Idx>& p, const Conv& cv, int64_t total_q, int64_t batch) {
-  const int32_t* split_indptr = p.metadata + ScheduleLayout{p.max_batch, p.max_work}.split_indptr();
+  const int32_t* split_indptr = p.schedule + ScheduleLayout{p.max_batch, p.max_work}.split_indptr();
   const int64_t H = p.num_heads;
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
   std::vector<float> o(kCkvDim);
@@ -186,10 +186,10 @@ template <class Idx>
 void decode_cpu(const DecodeParams<Idx>& p, DecodeDType dtype, int64_t total_q) {
   const Conv cv = dtype == DecodeDType::BF16 ? Conv{bf16_to_float, float_to_bf16} : Conv{f16_to_float, float_to_f16};
   const ScheduleLayout layout{p.max_batch, p.max_work};
-  const int32_t* hdr = p.metadata + ScheduleLayout::header();
+  const int32_t* hdr = p.schedule + ScheduleLayout::header();
   const int64_t num_work = std::min<int64_t>(std::max<int32_t>(hdr[kHdrNumWork], 0), p.max_work);
   const int64_t batch = std::min<int64_t>(std::max<int32_t>(hdr[kHdrBatch], 0), std::min(p.batch, p.max_batch));
-  const auto* items = reinterpret_cast<const WorkItem*>(p.metadata + layout.work());
+  const auto* items = reinterpret_cast<const WorkItem*>(p.schedule + layout.work());
   for (int64_t w = 0; w < num_work; ++w) {
     const WorkItem item = items[w];
     if (item.request < 0 || item.request >= batch) continue;  // padding
@@ -199,7 +199,7 @@ void decode_cpu(const DecodeParams<Idx>& p, DecodeDType dtype, int64_t total_q) 
 }
 
 // Strides the GPU kernels move in 16-byte vectors.
-void expect_vector_aligned(const Arg& a, std::initializer_list<int> dims) {
+void expect_vector_aligned(const CheckedTensor& a, std::initializer_list<int> dims) {
   if ((reinterpret_cast<uintptr_t>(a.data()) & 15u) != 0)
     value_error(a.name(), ": the GPU kernel reads 16-byte vectors, so the data must be 16-byte aligned (address ",
                 a.data(), ")");
@@ -210,8 +210,8 @@ void expect_vector_aligned(const Arg& a, std::initializer_list<int> dims) {
 }
 
 template <class Idx>
-void fill_index(DecodeParams<Idx>& p, const Arg& kv_indices, const Arg& kv_indptr, const Arg& qo_indptr,
-                const Arg& kv_len, int64_t batch, int64_t page_size, int64_t num_pages) {
+void fill_index(DecodeParams<Idx>& p, const CheckedTensor& kv_indices, const CheckedTensor& kv_indptr, const CheckedTensor& qo_indptr,
+                const CheckedTensor& kv_len, int64_t batch, int64_t page_size, int64_t num_pages) {
   p.pages.indices = kv_indices.ptr<const Idx>();
   p.pages.indices_stride = kv_indices.stride(0);
   p.pages.num_indices = kv_indices.size(0);
@@ -227,8 +227,8 @@ void fill_index(DecodeParams<Idx>& p, const Arg& kv_indices, const Arg& kv_indpt
 }
 
 template <class Idx>
-void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& ckv, const Arg& kpe, const Arg& out,
-                 const Arg* lse, const Arg& md, const Arg& ws, const mlacore_decode_dims& dims, float sm_scale,
+void fill_common(DecodeParams<Idx>& p, const CheckedTensor& qn, const CheckedTensor& qp, const CheckedTensor& ckv, const CheckedTensor& kpe, const CheckedTensor& out,
+                 const CheckedTensor* lse, const CheckedTensor& md, const CheckedTensor& ws, const mlacore_decode_dims& dims, float sm_scale,
                  bool causal, int64_t batch) {
   p.q_nope = qn.data();
   p.q_pe = qp.data();
@@ -251,7 +251,7 @@ void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& 
   p.batch = batch;
   p.total_q = qn.size(0);
   p.device = qn.device_id();
-  p.metadata = md.ptr<const int32_t>();
+  p.schedule = md.ptr<const int32_t>();
   p.max_batch = dims.max_batch;
   p.max_work = dims.max_work;
   p.max_qo_len = dims.max_qo_len;
@@ -266,8 +266,8 @@ void fill_common(DecodeParams<Idx>& p, const Arg& qn, const Arg& qp, const Arg& 
 
 // The facts routing looks at (backend_route.cpp decides; aiter_decode.cpp
 // runs what it admits).
-mlacore_route_request route_request(const Arg& qn, const Arg& ckv, const Arg& kpe, const Arg& ws,
-                                    std::initializer_list<const Arg*> indices, const mlacore_decode_dims& dims,
+mlacore_route_request route_request(const CheckedTensor& qn, const CheckedTensor& ckv, const CheckedTensor& kpe, const CheckedTensor& ws,
+                                    std::initializer_list<const CheckedTensor*> indices, const mlacore_decode_dims& dims,
                                     int64_t page_size, int64_t batch, bool causal) {
   mlacore_route_request r =
       describe_call(MLACORE_ROUTE_DECODE_MLA, qn.dl(), MLACORE_LAYOUT_NHD, page_size, ckv.size(2), kpe.size(2));
@@ -276,7 +276,7 @@ mlacore_route_request route_request(const Arg& qn, const Arg& ckv, const Arg& kp
   r.max_qo_len = dims.max_qo_len;
   r.causal = causal;
   r.index_int32 = 1;
-  for (const Arg* a : indices)
+  for (const CheckedTensor* a : indices)
     if (a->dtype() != DType::I32 || (a->size(0) > 1 && a->stride(0) != 1)) r.index_int32 = 0;
   r.batch = batch;
   r.workspace_bytes = ws.numel() * itemsize(ws.dtype());
@@ -286,13 +286,13 @@ mlacore_route_request route_request(const Arg& qn, const Arg& ckv, const Arg& kp
 
 void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ckv_t, const DLTensor* kpe_t,
             const DLTensor* kv_indices_t, const DLTensor* kv_indptr_t, const DLTensor* qo_indptr_t,
-            const DLTensor* kv_len_t, const DLTensor* metadata_t, const DLTensor* workspace_t, const DLTensor* out_t,
+            const DLTensor* kv_len_t, const DLTensor* schedule_t, const DLTensor* workspace_t, const DLTensor* out_t,
             const DLTensor* lse_t, mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags,
             int32_t backend, void* stream) {
-  const Arg qn(q_nope_t, "q_nope"), qp(q_pe_t, "q_pe"), ckv(ckv_t, "ckv_cache"), kpe(kpe_t, "kpe_cache");
-  const Arg kv_indices(kv_indices_t, "kv_indices"), kv_indptr(kv_indptr_t, "kv_indptr");
-  const Arg qo_indptr(qo_indptr_t, "qo_indptr"), kv_len(kv_len_t, "kv_len");
-  const Arg md(metadata_t, "metadata"), ws(workspace_t, "workspace"), out(out_t, "out");
+  const CheckedTensor qn(q_nope_t, "q_nope"), qp(q_pe_t, "q_pe"), ckv(ckv_t, "ckv_cache"), kpe(kpe_t, "kpe_cache");
+  const CheckedTensor kv_indices(kv_indices_t, "kv_indices"), kv_indptr(kv_indptr_t, "kv_indptr");
+  const CheckedTensor qo_indptr(qo_indptr_t, "qo_indptr"), kv_len(kv_len_t, "kv_len");
+  const CheckedTensor md(schedule_t, "schedule"), ws(workspace_t, "workspace"), out(out_t, "out");
 
   qn.expect_ndim(3);
   qn.expect_dtype({DType::BF16, DType::F16});
@@ -331,7 +331,7 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   kv_indptr.expect_index_vector(batch + 1, "batch+1");
   kv_len.expect_index_vector(batch, "batch");
   kv_indices.expect_index_vector();
-  for (const Arg* a : {&qo_indptr, &kv_indptr, &kv_len, &kv_indices}) {
+  for (const CheckedTensor* a : {&qo_indptr, &kv_indptr, &kv_len, &kv_indices}) {
     a->expect_same_device(qn);
     if (a->dtype() != qo_indptr.dtype())
       value_error(a->name(), ": expected the index dtype of qo_indptr (", dtype_name(qo_indptr.dtype()), "), got ",
@@ -375,7 +375,7 @@ void decode(const DLTensor* q_nope_t, const DLTensor* q_pe_t, const DLTensor* ck
   out.expect_size(2, kCkvDim, "head_dim_ckv");
   out.expect_last_dim_contiguous();
   out.expect_same_device(qn);
-  std::optional<Arg> lse;
+  std::optional<CheckedTensor> lse;
   if (lse_t) {
     lse.emplace(lse_t, "lse");
     lse->expect_ndim(2);
@@ -470,10 +470,10 @@ MLACORE_API int64_t mlacore_mla_decode_workspace_partials(int64_t workspace_byte
 MLACORE_API mlacore_status mlacore_mla_decode(
     const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
     const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
-    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    const DLTensor* schedule, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, void* stream) {
   return mlacore::guarded([&] {
-    mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
+    mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out, lse,
                     dims, page_size, sm_scale, flags, MLACORE_BACKEND_AUTO, stream);
   });
 }
@@ -481,10 +481,10 @@ MLACORE_API mlacore_status mlacore_mla_decode(
 MLACORE_API mlacore_status mlacore_mla_decode_backend(
     const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
     const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
-    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    const DLTensor* schedule, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, int32_t backend, void* stream) {
   return mlacore::guarded([&] {
-    mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
+    mlacore::decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out, lse,
                     dims, page_size, sm_scale, flags, backend, stream);
   });
 }

@@ -38,7 +38,7 @@ struct DecodeParams {
   int64_t total_q;  // rows of q_nope / out: a request's qo range is checked against it
   int device;
 
-  const int32_t* metadata;  // ScheduleLayout{max_batch, max_work}
+  const int32_t* schedule;  // ScheduleLayout{max_batch, max_work}
   int64_t max_batch, max_work, max_qo_len, max_partials;
   float* partial_o;    // [max_partials, max_qo_len * H, 512]
   float* partial_lse;  // [max_partials, max_qo_len * H]

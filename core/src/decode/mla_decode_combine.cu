@@ -43,13 +43,13 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   // Launched as a programmatic dependent of the decode kernel (sm_90+), this
   // block may start while the decode still runs: everything up to the wait
   // below reads only what was complete before the decode began (the plan's
-  // metadata, the index tensors), so those dependent loads overlap the
+  // schedule, the index tensors), so those dependent loads overlap the
   // decode's tail instead of following it.
   constexpr int R = kRowsPerThread;
   constexpr int kGroup = kCombineLoads / R;  // partials of each row per round
   static_assert(kGroup * R == kCombineLoads, "rows a thread divide the loads in flight");
   const int64_t b = blockIdx.x;
-  const int32_t* md = p.metadata;
+  const int32_t* md = p.schedule;
   int64_t batch = md[kHdrBatch];
   batch = batch < p.batch ? batch : p.batch;
   batch = batch < p.max_batch ? batch : p.max_batch;

@@ -31,7 +31,7 @@ struct ItemView {
 template <class Idx>
 __device__ ItemView read_item(const DecodeParams<Idx>& p, int64_t w) {
   ItemView v{};
-  const int32_t* md = p.metadata;
+  const int32_t* md = p.schedule;
   const ScheduleLayout layout{p.max_batch, p.max_work};
   if (w < 0 || w >= p.max_work) return v;
   const int4 it = *reinterpret_cast<const int4*>(md + layout.work() + 4 * w);  // WorkItem, 16-byte aligned

@@ -14,11 +14,11 @@
 namespace mlacore {
 namespace {
 
-// Element size from the raw DLPack dtype, so fp8 and other codes the Arg
+// Element size from the raw DLPack dtype, so fp8 and other codes the CheckedTensor
 // enum does not name still get an answer: adjacency only needs byte widths.
 int64_t element_bytes(const DLDataType& t) { return int64_t(t.bits) * t.lanes / 8; }
 
-std::string dtype_desc(const Arg& a) {
+std::string dtype_desc(const CheckedTensor& a) {
   if (a.dtype() != DType::Other) return dtype_name(a.dtype());
   return cat("dtype(code=", int(a.dl().dtype.code), ", bits=", int(a.dl().dtype.bits), ", lanes=",
              int(a.dl().dtype.lanes), ")");
@@ -28,11 +28,11 @@ bool same_dtype(const DLDataType& a, const DLDataType& b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
-bool same_device(const Arg& a, const Arg& b) {
+bool same_device(const CheckedTensor& a, const CheckedTensor& b) {
   return a.dl().device.device_type == b.dl().device.device_type && a.device_id() == b.device_id();
 }
 
-void validate_cache(const Arg& a, const char* dim_name) {
+void validate_cache(const CheckedTensor& a, const char* dim_name) {
   if (a.ndim() == 4)
     value_error(a.name(), ": expected a 3-D [num_pages, page_size, ", dim_name, "] cache, got a 4-D ",
                 a.describe(), "; pass one layer or drop the head dimension (e.g. cache[:, :, 0])");
@@ -46,7 +46,7 @@ void validate_cache(const Arg& a, const char* dim_name) {
 
 }  // namespace
 
-bool kv_halves_adjacent(const Arg& ckv, const Arg& kpe, std::string* why) {
+bool kv_halves_adjacent(const CheckedTensor& ckv, const CheckedTensor& kpe, std::string* why) {
   validate_cache(ckv, "Dc");
   validate_cache(kpe, "Dp");
   kpe.expect_size(0, ckv.size(0), "num_pages of ckv_cache");
@@ -65,7 +65,7 @@ bool kv_halves_adjacent(const Arg& ckv, const Arg& kpe, std::string* why) {
     fail([&] { return cat("ckv_cache is on ", ckv.device_str(), " and kpe_cache on ", kpe.device_str()); });
   if (!same_dtype(ckv.dl().dtype, kpe.dl().dtype))
     fail([&] { return cat("ckv_cache is ", dtype_desc(ckv), " and kpe_cache ", dtype_desc(kpe)); });
-  for (const Arg* a : {&ckv, &kpe})
+  for (const CheckedTensor* a : {&ckv, &kpe})
     if (a->size(2) > 1 && a->stride(2) != 1)
       fail([&] { return cat(a->name(), "'s last dimension is not contiguous (stride ", a->stride(2), ")"); });
   // A dimension of size 1 addresses one element whatever its stride says.
@@ -110,7 +110,7 @@ MLACORE_API mlacore_status mlacore_combined_kv_view(const DLTensor* ckv_cache, c
                                                     int64_t* view_shape, int64_t* view_strides,
                                                     int32_t* adjacent) {
   return mlacore::guarded([&] {
-    const mlacore::Arg ckv(ckv_cache, "ckv_cache"), kpe(kpe_cache, "kpe_cache");
+    const mlacore::CheckedTensor ckv(ckv_cache, "ckv_cache"), kpe(kpe_cache, "kpe_cache");
     if (adjacent == nullptr) mlacore::type_error("adjacent: expected a pointer, got NULL");
     if (view_shape == nullptr || view_strides == nullptr)
       mlacore::type_error("view_shape, view_strides: expected arrays of 3, got NULL");
@@ -132,7 +132,7 @@ MLACORE_API mlacore_status mlacore_combined_kv_view(const DLTensor* ckv_cache, c
 MLACORE_API mlacore_status mlacore_explain_kv_layout(const DLTensor* ckv_cache, const DLTensor* kpe_cache,
                                                      char* buf, size_t buf_size, size_t* length) {
   return mlacore::guarded([&] {
-    const mlacore::Arg ckv(ckv_cache, "ckv_cache"), kpe(kpe_cache, "kpe_cache");
+    const mlacore::CheckedTensor ckv(ckv_cache, "ckv_cache"), kpe(kpe_cache, "kpe_cache");
     if (buf == nullptr && buf_size > 0) mlacore::type_error("buf: expected a buffer of buf_size bytes, got NULL");
     std::string text;
     mlacore::kv_halves_adjacent(ckv, kpe, &text);

@@ -12,6 +12,6 @@ namespace mlacore {
 // Validates the pair as [P, S, Dc] / [P, S, Dp] caches (value_error
 // otherwise) and tells whether they are adjacent halves. `why`, when given,
 // receives every failed condition in words, or the view's description.
-bool kv_halves_adjacent(const Arg& ckv, const Arg& kpe, std::string* why = nullptr);
+bool kv_halves_adjacent(const CheckedTensor& ckv, const CheckedTensor& kpe, std::string* why = nullptr);
 
 }  // namespace mlacore

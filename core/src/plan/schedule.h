@@ -32,7 +32,7 @@ struct WorkItem {
 };
 static_assert(sizeof(WorkItem) == 16, "WorkItem is read as one 16-byte vector");
 
-// Fixed header at the start of the metadata buffer.
+// Fixed header at the start of the schedule buffer.
 enum ScheduleHeader : int32_t {
   kHdrNumWork = 0,      // work items in use (<= max_work); the rest are padding
   kHdrNumPartials = 1,  // partial outputs in use
@@ -41,7 +41,7 @@ enum ScheduleHeader : int32_t {
   kHdrMaxKvLen = 4,
   kHdrChunkTokens = 5,  // KV tokens per split (multiple of kDecodeTileTokens)
   kHdrTotalQo = 6,      // qo_indptr[batch]
-  kHdrError = 7,        // 0, or kPlanError* bits (plan_builder.h): such requests got no work
+  kHdrError = 7,        // 0, or kPlanError* bits (schedule_algorithm.h): such requests got no work
   kHdrSize = 8
 };
 
@@ -49,7 +49,7 @@ enum ScheduleHeader : int32_t {
 // the layout below then fits int32 with room to spare.
 constexpr int64_t kMaxScheduleCapacity = int64_t{1} << 28;
 
-// Offsets (in int32 elements) of each section of the metadata buffer for a
+// Offsets (in int32 elements) of each section of the schedule buffer for a
 // capacity of max_batch requests and max_work work items.
 struct ScheduleLayout {
   int64_t max_batch;

@@ -22,7 +22,7 @@ void with_index_type(DType d, Body&& body) {
   else body(int64_t{});
 }
 
-void expect_same_dtype(const Arg& a, const Arg& other) {
+void expect_same_dtype(const CheckedTensor& a, const CheckedTensor& other) {
   if (a.dtype() != other.dtype())
     value_error(a.name(), ": expected ", dtype_name(other.dtype()), " (the dtype of ", other.name(),
                 "), got ", a.describe());
@@ -45,7 +45,7 @@ void for_each_token(const Args& args, Where where, int device, void* stream, Lau
 }
 
 template <class T>
-T* mutable_ptr(const Arg& a) {
+T* mutable_ptr(const CheckedTensor& a) {
   return static_cast<T*>(a.data());
 }
 
@@ -60,8 +60,8 @@ MLACORE_API mlacore_status mlacore_slot_mapping(const DLTensor* batch_indices, c
                                                 void* stream) {
   using namespace mlacore;
   return guarded([&] {
-    const Arg bi(batch_indices, "batch_indices"), pos(positions, "positions");
-    const Arg indices(kv_indices, "kv_indices"), indptr(kv_indptr, "kv_indptr"), o(out, "out");
+    const CheckedTensor bi(batch_indices, "batch_indices"), pos(positions, "positions");
+    const CheckedTensor indices(kv_indices, "kv_indices"), indptr(kv_indptr, "kv_indptr"), o(out, "out");
     bi.expect_index_vector();
     pos.expect_index_vector(bi.size(0), "len(batch_indices)");
     expect_same_dtype(pos, bi);
@@ -73,7 +73,7 @@ MLACORE_API mlacore_status mlacore_slot_mapping(const DLTensor* batch_indices, c
     o.expect_dtype({DType::I64});
     o.expect_size(0, bi.size(0), "len(batch_indices)");
     o.expect_element_aligned();
-    for (const Arg* a : {&pos, &indices, &indptr, &o}) a->expect_same_device(bi);
+    for (const CheckedTensor* a : {&pos, &indices, &indptr, &o}) a->expect_same_device(bi);
     if (page_size < 1) value_error("page_size: expected >= 1, got ", page_size);
     // Pages at or above this bound have slots that do not fit in int64, so
     // they count as out of range even when num_pages is not given.
@@ -115,7 +115,7 @@ MLACORE_API mlacore_status mlacore_page_indices_from_block_table(const DLTensor*
                                                                  const DLTensor* out, void* stream) {
   using namespace mlacore;
   return guarded([&] {
-    const Arg table(block_table, "block_table"), cu(cu_num_blocks, "cu_num_blocks"), o(out, "out");
+    const CheckedTensor table(block_table, "block_table"), cu(cu_num_blocks, "cu_num_blocks"), o(out, "out");
     table.expect_ndim(2);
     table.expect_dtype({DType::I32, DType::I64});
     table.expect_element_aligned();
@@ -165,8 +165,8 @@ MLACORE_API mlacore_status mlacore_batch_indices_positions(const DLTensor* appen
                                                            const DLTensor* positions, void* stream) {
   using namespace mlacore;
   return guarded([&] {
-    const Arg indptr(append_indptr, "append_indptr"), lens(seq_lens, "seq_lens");
-    const Arg bi(batch_indices, "batch_indices"), pos(positions, "positions");
+    const CheckedTensor indptr(append_indptr, "append_indptr"), lens(seq_lens, "seq_lens");
+    const CheckedTensor bi(batch_indices, "batch_indices"), pos(positions, "positions");
     indptr.expect_index_vector();
     if (indptr.size(0) < 1)
       value_error("append_indptr: expected 1-D of length batch+1 >= 1, got ", indptr.describe());
@@ -176,7 +176,7 @@ MLACORE_API mlacore_status mlacore_batch_indices_positions(const DLTensor* appen
     bi.expect_index_vector();
     pos.expect_index_vector(bi.size(0), "len(batch_indices)");
     expect_same_dtype(pos, bi);
-    for (const Arg* a : {&lens, &bi, &pos}) a->expect_same_device(indptr);
+    for (const CheckedTensor* a : {&lens, &bi, &pos}) a->expect_same_device(indptr);
     if (bi.dtype() == DType::I32 && batch > std::numeric_limits<int32_t>::max())
       value_error("batch_indices: int32 cannot hold request indices of a batch of ", batch, "; use int64");
 

@@ -75,7 +75,7 @@ void fuzz_decode(Rng& r, Counter& c) {
   for (int64_t i = 0; i <= B; ++i) iq.set(i, qo[size_t(i)]), ik.set(i, kvp[size_t(i)]);
   for (int64_t i = 0; i < B; ++i) il.set(i, lens[size_t(i)]);
   Tensor ii = make(tidx, r, fill_index(r, P, P));
-  TSpec md = spec("metadata", I32, {mlacore_plan_metadata_size(mb, mw)});
+  TSpec md = spec("schedule", I32, {mlacore_plan_schedule_size(mb, mw)});
   Tensor tm = make(md, r, fill_bytes(r));
   for (Tensor* t : {&iq, &ik, &il, &ii, &tm}) finalize(*t, r);
   if (mlacore_plan_build(h.p, iq.p(), ik.p(), il.p(), int32_t(S), int32_t(H), tm.p(), nullptr) != MLACORE_OK) {
@@ -155,7 +155,7 @@ void fuzz_decode(Rng& r, Counter& c) {
       case 9: sm = r.chance(0.5) ? NAN : INFINITY; break;
       case 10: out.shape[0] = total_q + 1; break;
       case 11: lse_null = false, lse.dtype = F16; break;
-      default: dims.max_batch = mb + 2; break;  // metadata length no longer matches
+      default: dims.max_batch = mb + 2; break;  // schedule length no longer matches
     }
   }
   std::vector<std::shared_ptr<Buf>> bufs = {iq.buf, ik.buf, il.buf, ii.buf, tm.buf};
@@ -218,7 +218,7 @@ void fuzz_decode(Rng& r, Counter& c) {
   }
   const bool ok = check_status(c, st, defect, runtime_ok,
                                {"q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indices", "kv_indptr", "qo_indptr",
-                                "kv_len", "metadata", "workspace", "out", "lse", "dims", "page_size", "flags", "sm_scale"});
+                                "kv_len", "schedule", "workspace", "out", "lse", "dims", "page_size", "flags", "sm_scale"});
   if (ok) {
     // Targets: the workspace, and out/lse rows of query tokens some request
     // covers (qo_indptr decides, whatever the schedule says). Everything else

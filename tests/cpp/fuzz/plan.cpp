@@ -38,8 +38,8 @@ void fuzz_plan(Rng& r, Counter& c) {
     const int32_t sms = int32_t(r.pick<int64_t>({I32MAX, 0, -1, 132}));
     const int64_t dw = mlacore_plan_default_max_work(mbx, sms);
     if (dw < std::max<int64_t>(mbx, 0)) fail("plan_default_max_work below max_batch");
-    const int64_t sz = mlacore_plan_metadata_size(mbx, r.pick<int64_t>({I64MAX, -1, 1}));
-    if (sz != -1 && (mbx < 0 || mbx > (int64_t(1) << 28))) fail("plan_metadata_size accepted an invalid capacity");
+    const int64_t sz = mlacore_plan_schedule_size(mbx, r.pick<int64_t>({I64MAX, -1, 1}));
+    if (sz != -1 && (mbx < 0 || mbx > (int64_t(1) << 28))) fail("plan_schedule_size accepted an invalid capacity");
     int64_t offs[4] = {-7, -7, -7, -7};
     ++c.cases;
     const mlacore_status lst = mlacore_plan_layout(mbx, r.pick<int64_t>({I64MAX, -1, 1, mbx}), r.chance(0.2) ? nullptr : offs);
@@ -49,14 +49,14 @@ void fuzz_plan(Rng& r, Counter& c) {
   int64_t cap_batch = 0, cap_work = 0;
   mlacore_plan_capacity(h.p, &cap_batch, &cap_work, nullptr);
   if (cap_batch != max_batch || (max_work > 0 && cap_work != max_work)) fail("plan capacity differs from the request");
-  const int64_t total = mlacore_plan_metadata_size(cap_batch, cap_work);
+  const int64_t total = mlacore_plan_schedule_size(cap_batch, cap_work);
 
   const int64_t B = r.range(0, cap_batch);
   int32_t page_size = int32_t(r.pick<int64_t>({1, 3, 16, 64, 1024}));
   int32_t num_heads = int32_t(r.range(1, 128));
   TSpec qo = spec("qo_indptr", r.chance(0.5) ? I32 : I64, {B + 1}), kv = spec("kv_indptr", r.chance(0.5) ? I32 : I64, {B + 1});
   TSpec len = spec("kv_len_arr", r.chance(0.5) ? I32 : I64, {B});
-  TSpec md = spec("metadata", I32, {total + (r.chance(0.3) ? r.range(1, 9) : 0)});
+  TSpec md = spec("schedule", I32, {total + (r.chance(0.3) ? r.range(1, 9) : 0)});
   for (TSpec* s : {&qo, &kv, &len}) layout1(*s, r, true);
   md.implicit_strides = r.chance(0.5);
   md.misalign = 0;
@@ -129,7 +129,7 @@ void fuzz_plan(Rng& r, Counter& c) {
   const mlacore_status st =
       mlacore_plan_build(plan_null ? nullptr : h.p, tq.p(), tk.p(), tl.p(), page_size, num_heads, tm.p(), nullptr);
   if (check_status(c, st, defect, runtime_ok,
-                   {"plan", "qo_indptr", "kv_indptr", "kv_len_arr", "page_size", "num_heads", "metadata"})) {
+                   {"plan", "qo_indptr", "kv_indptr", "kv_len_arr", "page_size", "num_heads", "schedule"})) {
     // Schedule invariants (decode_schedule.h, plan.h) against the inputs.
     const int32_t* m = reinterpret_cast<const int32_t*>(&tm.buf->bytes[size_t(tm.origin)]);
     int64_t off[4];
@@ -184,7 +184,7 @@ void fuzz_plan(Rng& r, Counter& c) {
     // The schedule region is the target; anything past total() is not.
     std::memcpy(&tm.buf->expect[size_t(tm.origin)], &tm.buf->bytes[size_t(tm.origin)], size_t(total * 4));
   } else if (!md.null && md.ndim == 1 && md.shape[0] >= total && tm.isz == 4 && (md.implicit_strides || md.strides[0] == 1)) {
-    // After a failure the metadata contents are unspecified, nothing else.
+    // After a failure the schedule contents are unspecified, nothing else.
     std::memcpy(&tm.buf->expect[size_t(tm.origin)], &tm.buf->bytes[size_t(tm.origin)], size_t(total * 4));
   }
   check_buffers(bufs);

@@ -41,7 +41,7 @@ int64_t split_heuristic(int64_t batch, int64_t total_kv, int64_t cu) {
 // sees the split counts an MI300X would.
 constexpr int64_t kContractComputeUnits = 304;
 
-aiter_tensor_t tensor_of(const Arg& a) {
+aiter_tensor_t tensor_of(const CheckedTensor& a) {
   aiter_tensor_t t;
   std::string why;
   if (!to_aiter_tensor(a.dl(), &t, &why)) runtime_error(a.name(), ": cannot be handed to AITER: ", why);
@@ -83,7 +83,7 @@ void run_aiter_decode(const AiterDecodeCall& c, void* stream) {
   const AiterLibrary& lib = aiter_library();
   if (!lib.loaded || lib.mla_decode_stage1 == nullptr)
     runtime_error("mla_decode: routed to AITER, but its library is not loaded");  // route() prevents this
-  const Arg& qn = *c.q_nope;
+  const CheckedTensor& qn = *c.q_nope;
   const int64_t batch = c.qo_indptr->size(0) - 1;
   const int64_t total_q = qn.size(0), heads = qn.size(1), M = c.max_qo_len;
   if (batch < 1 || total_q == 0) return;  // nothing to attend; the native path writes nothing either
@@ -172,7 +172,7 @@ void run_aiter_decode(const AiterDecodeCall& c, void* stream) {
   //    1, never inferred from a shape); nhead_kv = 1 (MLA's one latent head).
   const AiterDtype bf16 = AITER_DTYPE_bf16;
   aiter_tensor_t q = aiter_view(prep.q, bf16, device, {layout.rows, heads, kAiterQkDim});
-  const Arg& ckv = *c.ckv;
+  const CheckedTensor& ckv = *c.ckv;
   const int64_t token_stride = c.page_size > 1 ? ckv.stride(1) : kAiterQkDim;
   aiter_tensor_t kv = aiter_view(ckv.data(), bf16, device, {ckv.size(0), c.page_size, 1, kAiterQkDim},
                                 {ckv.stride(0), token_stride, kAiterQkDim, 1});
@@ -180,7 +180,7 @@ void run_aiter_decode(const AiterDecodeCall& c, void* stream) {
   aiter_tensor_t kv_indptr = tensor_of(*c.kv_indptr);
   aiter_tensor_t kv_indices = tensor_of(*c.kv_indices);
   aiter_tensor_t last_page =
-      aiter_view(c.metadata->ptr<int32_t>() + c.last_page_len_offset, AITER_DTYPE_i32, device, {batch});
+      aiter_view(c.schedule->ptr<int32_t>() + c.last_page_len_offset, AITER_DTYPE_i32, device, {batch});
   aiter_tensor_t splits_indptr = aiter_view(prep.splits_indptr, AITER_DTYPE_i32, device, {batch + 1});
   aiter_tensor_t split_o =
       aiter_view(ws + layout.split_o, AITER_DTYPE_fp32, device, {layout.rows, splits, heads, kAiterVDim});

@@ -6,7 +6,7 @@
 //
 // Per call, nothing is allocated: the query buffer, the split partials and
 // two small indptrs are carved from the caller's float workspace, and
-// kv_last_page_lens is the plan's (a section of the schedule metadata).
+// kv_last_page_lens is the plan's (a section of its schedule).
 //
 // Query rows are laid out uniformly, max_qo_len (M) rows per request, the
 // request's tokens right-aligned in its block: AITER's non-persistent kernel
@@ -173,24 +173,24 @@ struct AiterDecodeCombine {
   }
 };
 
-class Arg;
+class CheckedTensor;
 
 // One decode call, validated by mla_decode.cpp and admitted by the route's
 // gates (backend_route.cpp): bf16, int32 unit-stride indices, adjacent
 // halves, a workspace of at least aiter_decode_layout(.., kAiterMinSplits).
 struct AiterDecodeCall {
-  const Arg* q_nope;
-  const Arg* q_pe;
-  const Arg* ckv;  // first half of the combined [P, S, 576] cache
-  const Arg* kv_indices;
-  const Arg* kv_indptr;
-  const Arg* qo_indptr;
-  const Arg* kv_len;
-  const Arg* metadata;  // the plan's schedule: kv_last_page_len lives in it
-  int64_t last_page_len_offset;  // int32 elements into metadata
-  const Arg* workspace;
-  const Arg* out;
-  const Arg* lse;  // or null
+  const CheckedTensor* q_nope;
+  const CheckedTensor* q_pe;
+  const CheckedTensor* ckv;  // first half of the combined [P, S, 576] cache
+  const CheckedTensor* kv_indices;
+  const CheckedTensor* kv_indptr;
+  const CheckedTensor* qo_indptr;
+  const CheckedTensor* kv_len;
+  const CheckedTensor* schedule;  // the plan's schedule: kv_last_page_len lives in it
+  int64_t last_page_len_offset;  // int32 elements into schedule
+  const CheckedTensor* workspace;
+  const CheckedTensor* out;
+  const CheckedTensor* lse;  // or null
   int64_t max_qo_len;
   int64_t page_size;
   float sm_scale;

@@ -66,9 +66,9 @@ def workspace_bytes(num_heads, max_batch, max_qo_len=1, *, num_sms=None, device=
 
 # --- the core call, eager and as a torch custom op -------------------------
 
-def _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
+def _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out, lse,
                  max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend="auto"):
-    _mlacore.mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out,
+    _mlacore.mla_decode(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out,
                         lse, max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable,
                         backend)
 
@@ -76,15 +76,15 @@ def _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_le
 @torch.library.custom_op("mlacore::mla_decode", mutates_args=("out", "lse"))
 def _decode_op(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
                kv_indices: torch.Tensor, kv_indptr: torch.Tensor, qo_indptr: torch.Tensor, kv_len: torch.Tensor,
-               metadata: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+               schedule: torch.Tensor, workspace: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                max_batch: int, max_work: int, max_qo_len: int, max_partials: int, page_size: int, sm_scale: float,
                causal: bool, portable: bool, backend: str) -> None:
-    _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse,
+    _decode_impl(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out, lse,
                  max_batch, max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend)
 
 
 @_decode_op.register_fake
-def _(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, metadata, workspace, out, lse, max_batch,
+def _(q_nope, q_pe, ckv, kpe, kv_indices, kv_indptr, qo_indptr, kv_len, schedule, workspace, out, lse, max_batch,
       max_work, max_qo_len, max_partials, page_size, sm_scale, causal, portable, backend):
     return None
 
@@ -349,7 +349,7 @@ class BatchMLAPagedAttentionWrapper:
         # One schedule: the workspace holds its partials (the budget kept them within it).
         self._capacity = (self._plan.max_batch, self._plan.max_work, max_qo, info.num_partials)
         self._total_qo = info.total_qo
-        self._md = self._plan.metadata
+        self._md = self._plan.schedule
 
     def _plan_graph(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, batch):
         first = self._capacity is None
@@ -393,7 +393,7 @@ class BatchMLAPagedAttentionWrapper:
         # Replays may bring any schedule within the budget: room for all the partials it allows.
         fit = _mlacore.mla_decode_workspace_partials(self._workspace_nbytes(), self._graph_max_qo, self._num_heads)
         self._capacity = (plan.max_batch, plan.max_work, self._graph_max_qo, min(plan.max_work, fit))
-        self._md = plan.metadata
+        self._md = plan.schedule
         if first:
             self._run_index = (self._qo_indptr_buf[: plan.max_batch + 1], self._kv_indptr_buf[: plan.max_batch + 1],
                                self._kv_indices_buf, self._kv_len_arr_buf[: plan.max_batch])

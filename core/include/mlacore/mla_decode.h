@@ -1,6 +1,6 @@
 /* mlacore: MLA decode over a paged KV cache (part of the C ABI, see mlacore.h).
  *
- * One call runs a planned decode schedule (the int32 `metadata` written by the
+ * One call runs a planned decode schedule (the int32 `schedule` written by the
  * plan builder, see <mlacore/plan.h>; its sections by mlacore_plan_layout()): every work item attends
  * the query rows of one request to a KV token range, split requests leave fp32
  * partials in `workspace`, and a combine pass merges them by LSE.
@@ -15,9 +15,9 @@ extern "C" {
 #endif
 
 /* Capacities the schedule was planned for. They size the launch grid and the
- * workspace, so under CUDA graphs they stay fixed while the metadata changes. */
+ * workspace, so under CUDA graphs they stay fixed while the schedule changes. */
 typedef struct mlacore_decode_dims {
-  int64_t max_batch;  /* the plan's max_batch (mlacore_plan_capacity), which sized `metadata` */
+  int64_t max_batch;  /* the plan's max_batch (mlacore_plan_capacity), which sized `schedule` */
   int64_t max_work;   /* the plan's max_work */
   int64_t max_qo_len; /* largest qo_len of any request this schedule may hold */
   /* Partial outputs the workspace holds, 0..max_work: the plan's partial count
@@ -51,19 +51,19 @@ MLACORE_API int64_t mlacore_mla_decode_workspace_partials(int64_t workspace_byte
  *   ckv [P, S, 512], kpe [P, S, 64]: same dtype; any page/token strides, last dim
  *     contiguous; they may be the halves of one [P, S, 576] buffer or separate.
  *   kv_indices, kv_indptr [B+1], qo_indptr [B+1], kv_len [B]: int32 or int64
- *   metadata: int32, mlacore_plan_metadata_size(dims.max_batch, dims.max_work) elements
+ *   schedule: int32, mlacore_plan_schedule_size(dims.max_batch, dims.max_work) elements
  *   workspace: uint8, >= mlacore_mla_decode_workspace_bytes(dims, H) bytes
  *   out [total_q, H, 512] same dtype as q; lse [total_q, H] float32 or NULL
  *     (log2 of the sum of exp2(sm_scale * log2(e) * score); -inf for a request
  *     without KV, whose output is zeros).
  * A page id outside [0, P) or a token past the request's pages is masked: it
  * takes no part in the softmax and nothing is read from it. All tensors on one
- * device (metadata and the index tensors too); nothing synchronizes.
+ * device (schedule and the index tensors too); nothing synchronizes.
  * Runs with backend MLACORE_BACKEND_AUTO (see mlacore_mla_decode_backend). */
 MLACORE_API mlacore_status mlacore_mla_decode(
     const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
     const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
-    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    const DLTensor* schedule, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, void* stream);
 
 /* mlacore_mla_decode with a backend request (an mlacore_backend, see
@@ -82,7 +82,7 @@ MLACORE_API mlacore_status mlacore_mla_decode(
 MLACORE_API mlacore_status mlacore_mla_decode_backend(
     const DLTensor* q_nope, const DLTensor* q_pe, const DLTensor* ckv, const DLTensor* kpe,
     const DLTensor* kv_indices, const DLTensor* kv_indptr, const DLTensor* qo_indptr, const DLTensor* kv_len,
-    const DLTensor* metadata, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
+    const DLTensor* schedule, const DLTensor* workspace, const DLTensor* out, const DLTensor* lse,
     mlacore_decode_dims dims, int64_t page_size, float sm_scale, uint32_t flags, int32_t backend, void* stream);
 
 #ifdef __cplusplus

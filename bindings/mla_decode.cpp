@@ -1,4 +1,4 @@
-#include <mlacore/decode.h>
+#include <mlacore/mla_decode.h>
 
 #include "backend.h"
 #include "bindings.h"
@@ -6,7 +6,7 @@
 
 namespace mlacore::bind {
 
-void bind_decode(nb::module_& m) {
+void bind_mla_decode(nb::module_& m) {
   m.def("mla_decode_workspace_bytes",
         [](int64_t max_batch, int64_t max_work, int64_t max_qo_len, int64_t max_partials, int64_t heads) {
           return mlacore_mla_decode_workspace_bytes(
@@ -20,12 +20,12 @@ void bind_decode(nb::module_& m) {
   m.def(
       "mla_decode",
       [](nb::handle q_nope, nb::handle q_pe, nb::handle ckv, nb::handle kpe, nb::handle kv_indices,
-         nb::handle kv_indptr, nb::handle qo_indptr, nb::handle kv_len, nb::handle metadata, nb::handle workspace,
+         nb::handle kv_indptr, nb::handle qo_indptr, nb::handle kv_len, nb::handle schedule, nb::handle workspace,
          nb::handle out, nb::handle lse, int64_t max_batch, int64_t max_work, int64_t max_qo_len, int64_t max_partials,
          int64_t page_size,
          float sm_scale, bool causal, bool portable, const char* backend, nb::handle stream) {
         const int32_t b = parse_backend(backend);
-        TensorArg a[12];
+        BorrowedTensor a[12];
         convert(q_nope, "q_nope", a[0]);
         convert(q_pe, "q_pe", a[1]);
         convert(ckv, "ckv_cache", a[2]);
@@ -34,7 +34,7 @@ void bind_decode(nb::module_& m) {
         convert(kv_indptr, "kv_indptr", a[5]);
         convert(qo_indptr, "qo_indptr", a[6]);
         convert(kv_len, "kv_len", a[7]);
-        convert(metadata, "metadata", a[8]);
+        convert(schedule, "schedule", a[8]);
         convert(workspace, "workspace", a[9]);
         convert(out, "out", a[10]);
         convert_optional(lse, "lse", a[11]);
@@ -49,7 +49,7 @@ void bind_decode(nb::module_& m) {
       },
       nb::arg("q_nope").none(), nb::arg("q_pe").none(), nb::arg("ckv_cache").none(), nb::arg("kpe_cache").none(),
       nb::arg("kv_indices").none(), nb::arg("kv_indptr").none(), nb::arg("qo_indptr").none(),
-      nb::arg("kv_len").none(), nb::arg("metadata").none(), nb::arg("workspace").none(), nb::arg("out").none(),
+      nb::arg("kv_len").none(), nb::arg("schedule").none(), nb::arg("workspace").none(), nb::arg("out").none(),
       nb::arg("lse").none(), nb::arg("max_batch"), nb::arg("max_work"), nb::arg("max_qo_len"),
       nb::arg("max_partials"), nb::arg("page_size"),
       nb::arg("sm_scale"), nb::arg("causal"), nb::arg("portable") = false, nb::arg("backend") = "auto",
