@@ -34,7 +34,7 @@ def lpt_class(tiles, chunk):
 
 
 def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0,
-              longest_first=False):
+              longest_first=True):
     """The schedule of schedule_algorithm.h, written again from its description (with the workspace's
     partial budget of MlaPlan.set_partial_budget when partial_rows > 0); with `longest_first`,
     the work items ordered by length class (longest first), each class in request order."""
@@ -296,7 +296,8 @@ def test_empty_requests_batch_zero_and_padding():
     plan = mlacore.MlaPlan("cpu", max_batch=8, num_sms=4)
     plan.build(*tensors([0, 1, 2, 3], [0, 0, 3, 3], [0, 40, 0]), 16, 16)
     items = plan.work_items.tolist()
-    assert items[0] == [0, 0, 0, -1] and items[2] == [2, 0, 0, -1]
+    by_request = {it[0]: it for it in items[:plan.info.num_work]}  # items come longest first
+    assert by_request[0] == [0, 0, 0, -1] and by_request[2] == [2, 0, 0, -1] and by_request[1][:3] == [1, 0, 40]
     assert plan.kv_last_page_len.tolist()[:3] == [0, 8, 0]
     assert all(it == [-1, 0, 0, -1] for it in items[plan.info.num_work:])
     # Batch 0: everything is padding.
@@ -1036,7 +1037,7 @@ def test_cpu_longest_first_matches_reference_and_invariants(B, page_size, heads,
     legacy = mlacore.MlaPlan("cpu", max_batch=B + 5, num_sms=num_sms)
     legacy.build(*tensors(qo, kv, kv_len), page_size, heads)
     assert legacy.schedule.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
-                                                 plan.max_work)
+                                                 plan.max_work, longest_first=False)
     # The same items, header and per-request sections: only the order of the work array differs.
     n = plan.info.num_work
     assert plan.info == legacy.info

@@ -45,13 +45,13 @@ IndexView view_of(const CheckedTensor& a) {
 
 }  // namespace
 
-// MLACORE_SCHEDULE, read when a plan is created: "legacy" (or unset) places
-// work items in request order, "longest_first" longest first
-// (place_longest_first() in schedule_algorithm.h). A tuning knob for A/B runs.
+// MLACORE_SCHEDULE, read when a plan is created: "longest_first" (or unset,
+// the default) places work items longest first (place_longest_first() in
+// schedule_algorithm.h), "legacy" in request order. A knob for A/B runs.
 static bool longest_first_from_env() {
   const char* v = std::getenv("MLACORE_SCHEDULE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "legacy") == 0) return false;
-  if (std::strcmp(v, "longest_first") == 0) return true;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "longest_first") == 0) return true;
+  if (std::strcmp(v, "legacy") == 0) return false;
   value_error("MLACORE_SCHEDULE: expected legacy or longest_first, got '", v, "'");
 }
 

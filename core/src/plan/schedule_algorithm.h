@@ -10,7 +10,8 @@
 // Contract: max_work >= max_batch; default_max_work(max_batch, num_sms) is
 // always enough. An invalid request gets no work and its PlanError bits in
 // the header. The order of the work items is request order or longest first
-// (place_longest_first(), MLACORE_SCHEDULE); the split itself is the same.
+// (place_longest_first(), the default; MLACORE_SCHEDULE=legacy keeps request
+// order); the split itself is the same.
 #pragma once
 
 #include <cstddef>
@@ -364,7 +365,7 @@ MLACORE_HD int64_t schedule_chunk_tiles(const Exec& ex, const ScheduleInputs& in
   return pick_chunk_tiles(ex.reduce(cand), chunks, no_split, in.num_sms);
 }
 
-// ---- longest-first placement (the plan's tuning knob MLACORE_SCHEDULE=longest_first) ----
+// ---- longest-first placement (the default; MLACORE_SCHEDULE=legacy turns it off) ----
 //
 // The decode grid runs one CTA per work item and query tile, and the GPU hands
 // CTAs out in grid order as SMs free up: a greedy list schedule. When a batch
