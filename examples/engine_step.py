@@ -234,12 +234,13 @@ def reference(engine, live, queries, layer):
     """float64 attention of one layer over an engine's cache (every step on the CPU, the first
     step of each configuration on the GPU)."""
     ps, out = engine.page_size, []
-    cache = torch.cat(engine.views[layer], dim=-1).double()
+    ckv, kpe = engine.views[layer]
     for i, r in enumerate(live):
         pos = torch.arange(r["len"])
-        blocks = torch.tensor(r["blocks"])[pos // ps]
-        kv = cache[blocks, pos % ps]  # [L, 576]
-        q = queries[layer, i].double()  # [H, 576]
+        blocks = torch.tensor(r["blocks"])[pos // ps].to(ckv.device)
+        offs = (pos % ps).to(ckv.device)
+        kv = torch.cat([ckv[blocks, offs], kpe[blocks, offs]], dim=-1).double()  # [L, 576], this request's rows only
+        q = queries[layer, i].double().to(kv.device)  # [H, 576]
         p = torch.softmax(q @ kv.T / math.sqrt(192), dim=-1)
         out.append(p @ kv[:, :CKV])
     return torch.stack(out)
