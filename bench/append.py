@@ -5,7 +5,9 @@ MLA: append_ckv [nnz, 512] and append_kpe [nnz, 64] (the two halves of one
 [nnz, 576] source) into the halves of one [P, S, 576] cache (--separate:
 two separate caches). MHA: K and V [nnz, 8, 128] into a (K, V) NHD cache.
 concat_and_cache_mla: the same MLA rows into one [P, S, 576] cache through a
-slot mapping. All bf16. Two page orders: "scrambled" (a random permutation of
+slot mapping. All bf16. Appends of up to 1024 tokens are decode steps (one
+new token a request after 0-255 cached ones: batch = nnz), larger ones chunks
+of up to 64 requests. Two page orders: "scrambled" (a random permutation of
 the pool, so page size 1 puts every token somewhere else) and "allocator"
 (pages in the order an allocator hands them out: consecutive, with one in
 eight taken from elsewhere in the pool, as reused pages are).
@@ -30,6 +32,7 @@ from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call
 
 HEADS, HEAD_DIM = 8, 128
 ORDERS = ("scrambled", "allocator")
+STEP_MAX_NNZ = 1024  # appends up to this size are decode steps (one token a request)
 
 
 def _flashinfer():
@@ -53,19 +56,29 @@ def _page_order(pages, order, gen):
 class Problem:
     """Page table, slots and tensors for one (nnz, page_size, page order) point."""
 
-    def __init__(self, nnz, page_size, device, separate, gen, order="scrambled"):
-        batch = max(min(nnz // 16, 64), 1)
-        per = [nnz // batch + (1 if b < nnz % batch else 0) for b in range(batch)]
-        need = [(n + page_size - 1) // page_size for n in per]
+    def __init__(self, nnz, page_size, device, separate, gen, order="scrambled", step=False):
+        # step: a decode step, one new token per request (batch = nnz) after a history of 0-255
+        # tokens already in the cache; else chunks of new tokens, up to 64 requests from position 0.
+        if step:
+            batch = nnz
+            history = torch.randint(0, 256, (batch,), generator=gen).tolist()
+            per = [1] * batch
+        else:
+            batch = max(min(nnz // 16, 64), 1)
+            per = [nnz // batch + (1 if b < nnz % batch else 0) for b in range(batch)]
+            history = [0] * batch
+        total = [h + n for h, n in zip(history, per)]
+        need = [(n + page_size - 1) // page_size for n in total]
+        self.batch = batch
         self.pages = sum(need)
         indptr = torch.zeros(batch + 1, dtype=torch.int32)
         indptr[1:] = torch.tensor(need).cumsum(0)
         self.kv_indptr = indptr.to(device)
         self.kv_indices = _page_order(self.pages, order, gen).to(torch.int32).to(device)
-        self.kv_last_page_len = torch.tensor([(n - 1) % page_size + 1 for n in per], dtype=torch.int32).to(device)
+        self.kv_last_page_len = torch.tensor([(n - 1) % page_size + 1 for n in total], dtype=torch.int32).to(device)
         self.batch_indices = torch.repeat_interleave(torch.arange(batch, dtype=torch.int32),
                                                      torch.tensor(per)).to(device)
-        self.positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in per]).to(device)
+        self.positions = torch.cat([torch.arange(h, h + n, dtype=torch.int32) for h, n in zip(history, per)]).to(device)
         self.page_size = page_size
         self.nnz = nnz
         self.device = device
@@ -155,8 +168,8 @@ def _optional_ms(timer, fn):
     return timer(fn)
 
 
-def _row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
-    return [nnz, page_size, order, nbytes / 1e6, ms, copy_ms, ceiling_ms, fi_ms, nbytes / ms / 1e6,
+def _row(nnz, batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
+    return [nnz, batch, page_size, order, nbytes / 1e6, ms, copy_ms, ceiling_ms, fi_ms, nbytes / ms / 1e6,
             copy_ms / ms, ceiling_ms / ms, fi_ms / ms]
 
 
@@ -172,7 +185,7 @@ def _bandwidth_tables(ctx, timer, fi):
     sizes = [32, 128, 512, 1024, 8192, 65536, 262144] if ctx.full else [32, 512, 4096]
     unit = "device_ms" if ctx.gpu else "cpu_ms"
     layout = "separate caches" if ctx.separate else "halves of one [P, S, 576] buffer"
-    cols = ["nnz", "page_size", "page_order", "MB", f"mlacore_{unit}", f"copy_{unit}", f"ceiling_{unit}",
+    cols = ["nnz", "batch", "page_size", "page_order", "MB", f"mlacore_{unit}", f"copy_{unit}", f"ceiling_{unit}",
             f"flashinfer_{unit}", "mlacore_GB/s", "x copy_", "x ceiling", "x flashinfer"]
     mla = Table(f"append_paged_mla_kv_cache on {dev}, bf16, {layout}", list(cols))
     mha = Table(f"append_paged_kv_cache on {dev}, bf16, NHD (K, V), H={HEADS} D={HEAD_DIM}", list(cols))
@@ -181,7 +194,7 @@ def _bandwidth_tables(ctx, timer, fi):
     for nnz in sizes:
         for page_size in (1, 16, 64):
             for order in ORDERS:
-                p = Problem(nnz, page_size, dev, ctx.separate, gen, order)
+                p = Problem(nnz, page_size, dev, ctx.separate, gen, order, step=nnz <= STEP_MAX_NNZ)
                 page, off = p.slots()
                 slots = p.slot_mapping
 
@@ -201,7 +214,7 @@ def _bandwidth_tables(ctx, timer, fi):
                 if fi is not None:
                     fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_mla_kv_cache(
                         a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
-                mla.add(*_row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
+                mla.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
 
                 if buf is not None:
                     buf.zero_()
@@ -209,7 +222,7 @@ def _bandwidth_tables(ctx, timer, fi):
                     run()
                     if not torch.equal(buf.view(-1, 576)[slots], src):
                         raise RuntimeError(f"concat_and_cache_mla: rows misplaced at nnz={nnz}, page_size={page_size}")
-                    cat.add(*_row(nnz, page_size, order, nbytes, timer(run), copy_ms, ceiling_ms, nan))
+                    cat.add(*_row(nnz, p.batch, page_size, order, nbytes, timer(run), copy_ms, ceiling_ms, nan))
                 del src, a_ckv, a_kpe, ckv, kpe, buf
 
                 key, value, cache = p.mha()
@@ -227,7 +240,7 @@ def _bandwidth_tables(ctx, timer, fi):
                 if fi is not None:
                     fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_kv_cache(
                         key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
-                mha.add(*_row(nnz, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
+                mha.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
                 del key, value, cache
     for t in (mla, mha, cat):
         t.notes.append("MB = bytes read + written; x copy_ / x ceiling / x flashinfer = their time / this op's "

@@ -106,6 +106,7 @@ void bind_plan(nb::module_& m) {
   m.attr("PLAN_ERROR_INDPTR_START") = MLACORE_PLAN_ERROR_INDPTR_START;
   m.attr("PLAN_ERROR_INDPTR") = MLACORE_PLAN_ERROR_INDPTR;
   m.attr("PLAN_ERROR_KV_LEN") = MLACORE_PLAN_ERROR_KV_LEN;
+  m.attr("PLAN_NO_PARTIAL_BUDGET") = MLACORE_PLAN_NO_PARTIAL_BUDGET;
 
   m.def("plan_default_max_work", &mlacore_plan_default_max_work, nb::arg("max_batch"), nb::arg("num_sms"));
   m.def(

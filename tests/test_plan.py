@@ -33,10 +33,10 @@ def lpt_class(tiles, chunk):
     return min(chunk.bit_length() - tiles.bit_length(), 15)
 
 
-def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=0, partial_qo_len=0,
+def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work, partial_rows=None, partial_qo_len=0,
               longest_first=True):
     """The schedule of schedule_algorithm.h, written again from its description (with the workspace's
-    partial budget of MlaPlan.set_partial_budget when partial_rows > 0); with `longest_first`,
+    partial budget of MlaPlan.set_partial_budget unless partial_rows is None); with `longest_first`,
     the work items ordered by length class (longest first), each class in request order."""
     B = len(kv_len)
     shapes = []
@@ -59,7 +59,7 @@ def reference(qo, kv, kv_len, page_size, num_heads, num_sms, max_batch, max_work
     # The budget: `fit` partials of max(partial_qo_len, max_qo_len) * heads rows; the partials of a
     # chunk c stay below 2 * sum_kt / c, so c >= 2 * sum_kt / fit keeps them within it.
     floor = 0
-    if partial_rows > 0:
+    if partial_rows is not None:
         fit = partial_rows // (max(partial_qo_len, max([s["qo_len"] for s in shapes], default=0), 1) * num_heads)
         floor = 0 if fit >= max_work else (-1 if fit < 2 else cdiv(2 * sum_kt, fit))
     if spare <= 0 or floor < 0:
@@ -185,6 +185,7 @@ BUDGET_CASES = [
     (1, 64, 128, 4, 132, 65536, 512 * 5, 8),      # a graph capacity of 8 query tokens: 2 fit
     (3, 16, 16, 4, 8, 5000, 16 * 4 * 3, 0),       # 3 fit
     (7, 64, 16, 1, 132, 70000, 16 * 1, 0),        # 1 fits: nothing splits
+    (7, 64, 16, 1, 132, 70000, 0, 0),             # no row: nothing splits
     (7, 64, 16, 1, 132, 70000, 16 * 139, 0),      # max_work fit: never binds
     (32, 1, 16, 2, 132, 4096, 32 * 50, 3),
     (157, 16, 16, 17, 132, 1024, 65408, 0),       # 128 MiB of rows, FlashInfer's largest test shape
@@ -207,7 +208,7 @@ def test_cpu_partial_budget_caps_the_partials_and_matches_the_reference(B, page_
     qo_rows = max(qo_floor, max(q1 - q0 for q0, q1 in zip(qo, qo[1:])), 1) * heads
     assert plan.info.num_partials <= rows // qo_rows
     # The budget is the only change: without it the same batch may split more.
-    plan.set_partial_budget(0)
+    plan.set_partial_budget(None)
     plan.build(*tensors(qo, kv, kv_len, dtype=dtype), page_size, heads)
     assert plan.schedule.tolist() == reference(qo, kv, kv_len, page_size, heads, num_sms, plan.max_batch,
                                                plan.max_work)
@@ -225,8 +226,18 @@ def test_partial_budget_binds_and_its_errors():
     plan.set_partial_budget(128)  # one partial fits: no split
     plan.build(*tensors(qo, kv, kv_len), 64, 128)
     assert plan.info.num_partials == 0 and plan.info.num_work == 1
+    plan.set_partial_budget(0)  # a workspace without a row: no split either
+    plan.build(*tensors(qo, kv, kv_len), 64, 128)
+    assert plan.info.num_partials == 0 and plan.info.num_work == 1
+    plan.set_partial_budget(None)  # the budget removed: the uncapped split again
+    plan.build(*tensors(qo, kv, kv_len), 64, 128)
+    assert plan.info.num_partials > 3
+    assert _mlacore.PLAN_NO_PARTIAL_BUDGET == -1
+    for bad in (-1, -2):
+        with pytest.raises(ValueError, match="partial_rows"):
+            plan.set_partial_budget(bad)
     with pytest.raises(ValueError, match="partial_rows"):
-        plan.set_partial_budget(-1)
+        plan._plan.set_partial_budget(-2, 0)  # the C ABI's check
     with pytest.raises(ValueError, match="partial_qo_len"):
         plan.set_partial_budget(10, -2)
     # The sizing policy of the C ABI: 512 fp32 + LSE per row.
@@ -785,7 +796,7 @@ def test_gpu_build_device_equals_host_build_bitwise(B, dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("B,rows,qo_floor", [(1, 16 * 4 * 5, 0), (3, 16 * 4 * 2, 4), (33, 16 * 4 * 40, 0),
+@pytest.mark.parametrize("B,rows,qo_floor", [(1, 16 * 4 * 5, 0), (3, 16 * 4 * 2, 4), (33, 16 * 4 * 40, 0), (33, 0, 0),
                                              (257, 65408, 0), (1000, 16 * 4 * 7, 8)])
 def test_gpu_partial_budget_is_bitwise_equal_on_host_exchange_and_device_builds(B, rows, qo_floor):
     plan = mlacore.MlaPlan("cuda", max_batch=1024)

@@ -326,9 +326,8 @@ class BatchMLAPagedAttentionWrapper:
     def _build(self, plan, qo, kv, length, qo_floor, device_build):
         """Builds the schedule within the workspace's partial budget; returns the max_qo_len it saw
         (None for a device build, whose header is not read)."""
-        # 0 rows would mean "no budget" to the plan: a workspace without room for one row passes 1,
-        # which fits no partial (so nothing splits).
-        rows = max(_mlacore.mla_decode_workspace_rows(self._workspace_nbytes()), 1)
+        # A workspace without room for one partial passes 0 rows: nothing splits.
+        rows = max(_mlacore.mla_decode_workspace_rows(self._workspace_nbytes()), 0)
         plan.set_partial_budget(rows, qo_floor)
         if device_build:
             plan.build_device(qo, kv, length, self._page_size, self._num_heads)

@@ -104,12 +104,16 @@ class MlaPlan:
         self._plan.build_device(qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, self.schedule)
         return self.schedule
 
-    def set_partial_budget(self, partial_rows: int, partial_qo_len: int = 0) -> None:
+    def set_partial_budget(self, partial_rows: Optional[int], partial_qo_len: int = 0) -> None:
         """Caps later builds' partial outputs to a workspace of `partial_rows` fp32 rows (512 values +
         LSE; `_mlacore.mla_decode_workspace_rows(bytes)`), each partial taking max(partial_qo_len,
-        the batch's max_qo_len) * num_heads rows: fewer splits, or none when fewer than two fit.
-        0 removes the budget. Host and device builds stay bit-identical."""
-        self._plan.set_partial_budget(int(partial_rows), int(partial_qo_len))
+        the batch's max_qo_len) * num_heads rows: fewer splits, or none when fewer than two fit
+        (0 rows: nothing splits). None removes the budget (the default). Host and device builds stay
+        bit-identical."""
+        if partial_rows is not None and int(partial_rows) < 0:
+            raise ValueError(f"partial_rows: expected >= 0, or None for no budget, got {partial_rows}")
+        rows = _mlacore.PLAN_NO_PARTIAL_BUDGET if partial_rows is None else int(partial_rows)
+        self._plan.set_partial_budget(rows, int(partial_qo_len))
 
     @property
     def info(self) -> PlanInfo:

@@ -106,6 +106,22 @@ int main() {
   CHECK(info.max_qo_len == 3 && info.max_kv_len == 5000 && info.total_qo == 7);
   CHECK(info.num_work == meta[0] && info.num_partials == meta[1] && info.chunk_tokens == meta[5]);
   CHECK(info.num_partials > 0);  // 5000 tokens over 16 SMs must split
+  {
+    // The workspace budget: 0 rows fits no partial (nothing splits), the
+    // sentinel removes the cap (the same schedule as never capped), and
+    // anything below it is refused by name.
+    std::vector<int32_t> capped(meta.size(), 0);
+    Vec t_capped(capped, kI32);
+    plan.set_partial_budget(0);
+    plan.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_capped.t);
+    CHECK(plan.info().num_partials == 0 && plan.info().num_work == 5);
+    check_schedule(capped, L, kv_len, max_work, page_size);
+    plan.set_partial_budget(MLACORE_PLAN_NO_PARTIAL_BUDGET);
+    plan.build(&t_qo.t, &t_kv.t, &t_len.t, page_size, 16, &t_capped.t);
+    CHECK(capped == meta);
+    CHECK(mlacore_plan_set_partial_budget(plan.handle(), -2, 0) == MLACORE_ERROR_VALUE);
+    CHECK_CONTAINS(mlacore_last_error(), "partial_rows");
+  }
   // CPU inputs and output: no pinned memory, no copies, no syncs.
   const mlacore_plan_stats stats = plan.stats();
   CHECK(stats.pinned_allocations == 0 && stats.device_to_host_copies == 0 && stats.stream_syncs == 0);

@@ -69,6 +69,11 @@ class Plan {
     check(mlacore_plan_build_device(plan_, qo_indptr, kv_indptr, kv_len_arr, page_size, num_heads, schedule,
                                     stream));
   }
+  // Caps later builds' partials to a workspace of `partial_rows` fp32 rows
+  // (mla_decode_workspace_rows); MLACORE_PLAN_NO_PARTIAL_BUDGET removes the cap.
+  void set_partial_budget(int64_t partial_rows, int64_t partial_qo_len = 0) {
+    check(mlacore_plan_set_partial_budget(plan_, partial_rows, partial_qo_len));
+  }
   mlacore_plan_info info() const { mlacore_plan_info i{}; check(mlacore_plan_get_info(plan_, &i)); return i; }
   mlacore_plan_stats stats() const { mlacore_plan_stats s{}; check(mlacore_plan_get_stats(plan_, &s)); return s; }
   mlacore_plan* handle() const noexcept { return plan_; }

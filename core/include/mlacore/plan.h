@@ -108,8 +108,10 @@ MLACORE_API mlacore_status mlacore_plan_build_device(mlacore_plan* plan, const D
  * choose a chunk that keeps the partials within the budget (fewer splits, or
  * none when fewer than two fit) instead of failing. partial_qo_len is the
  * max_qo_len the decode will be given (the CUDA-graph capacity; 0 for one
- * schedule, whose own max_qo_len counts). partial_rows = 0 (the default)
+ * schedule, whose own max_qo_len counts). partial_rows = 0 fits no
+ * partial (nothing splits); MLACORE_PLAN_NO_PARTIAL_BUDGET (the default)
  * removes the budget; a budget of max_work partials or more never binds. */
+#define MLACORE_PLAN_NO_PARTIAL_BUDGET (-1)
 MLACORE_API mlacore_status mlacore_plan_set_partial_budget(mlacore_plan* plan, int64_t partial_rows,
                                                            int64_t partial_qo_len);
 

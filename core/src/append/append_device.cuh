@@ -147,6 +147,37 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
   page = t.page_at(begin + in_request);
 }
 
+// locate() for token `tok` of an append whose batch index is usually the
+// token itself (a decode step: one token a request, batch_indices = arange).
+// kv_indptr[tok] and kv_indptr[tok + 1] are loaded together with the token's
+// batch index and position, before either is known, so when the guess holds
+// the lookup is two dependent loads (those four words, then kv_indices), not
+// three. The guessed entries are read only for tok < batch (in the table);
+// a miss re-reads the request's entries as locate() does. Same checks, same
+// result as locate() for every input.
+template <class Idx, class B, class P>
+__device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const B& batch, const P& positions,
+                                                int64_t tok, int64_t& page, int64_t& off) {
+  page = -1;
+  off = 0;
+  const int64_t b = batch.at(tok), pos = positions.at(tok);
+  int64_t begin = 0, end = 0;
+  if (tok < t.batch) {
+    begin = static_cast<int64_t>(t.indptr[tok * t.indptr_stride]);
+    end = static_cast<int64_t>(t.indptr[(tok + 1) * t.indptr_stride]);
+  }
+  if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
+  if (b != tok) {
+    begin = static_cast<int64_t>(t.indptr[b * t.indptr_stride]);
+    end = static_cast<int64_t>(t.indptr[(b + 1) * t.indptr_stride]);
+  }
+  if (!(begin >= 0 && begin <= end && end <= t.num_indices)) return;  // PageTable::pages_of's test
+  int64_t in_request;
+  split(pos, t.page_size, in_request, off);
+  if (in_request >= end - begin) return;
+  page = t.page_at(begin + in_request);
+}
+
 // Rows that are one run per stream (NHD, contiguous heads, MLA): see access_at.
 inline bool is_flat(const KParams& p) { return p.a.seg_vecs == p.a.vecs && p.b.seg_vecs == p.b.vecs; }
 

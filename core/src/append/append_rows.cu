@@ -20,8 +20,10 @@ namespace {
 // whatever the batch. `lanes` threads share a token and each moves up to
 // kRowsPer of its accesses (u, u + lanes, ...): it issues those source loads
 // first, then the token's lookup (threads of one token read the same index
-// words: one request a warp), then its stores. With a slot mapping the
-// lookup is one load.
+// words: one request a warp), then its stores. The page-table lookup guesses
+// that token i is request i's (locate_guessing): two dependent loads when it
+// holds, as in a decode step, three otherwise. With a slot mapping the lookup
+// is one load.
 constexpr int kRowsThreads = 256;
 constexpr int kRowsPer = 2;
 constexpr uint32_t kRowsBlock = kRowsThreads * kRowsPer;  // accesses a block moves at most
@@ -41,13 +43,13 @@ TypedIndex<T> typed(const IndexVec& v) {
 }
 
 // Where a token goes, from the page table (Idx: its dtype; Pos: that of
-// batch_indices and positions).
+// batch_indices and positions), guessing that token i belongs to request i.
 template <class Idx, class Pos>
 struct ByTable {
   PageTable<Idx> table;
   TypedIndex<Pos> batch, pos;
   __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
-    locate(table, batch.at(tok), pos.at(tok), page, off);
+    locate_guessing(table, batch, pos, tok, page, off);
   }
 };
 

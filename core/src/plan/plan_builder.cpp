@@ -108,8 +108,11 @@ ScheduleInputs PlanBuilder::check_inputs(const CheckedTensor& qo, const CheckedT
   return in;
 }
 
+static_assert(kNoPartialBudget == MLACORE_PLAN_NO_PARTIAL_BUDGET, "one sentinel for the core and the C ABI");
+
 void PlanBuilder::set_partial_budget(int64_t partial_rows, int64_t partial_qo_len) {
-  if (partial_rows < 0) value_error("partial_rows: expected >= 0 (0: no budget), got ", partial_rows);
+  if (partial_rows < kNoPartialBudget)
+    value_error("partial_rows: expected >= 0, or ", kNoPartialBudget, " for no budget, got ", partial_rows);
   if (partial_qo_len < 0 || partial_qo_len > kMaxInt32)
     value_error("partial_qo_len: expected 0 <= partial_qo_len <= 2^31-1, got ", partial_qo_len);
   partial_rows_ = partial_rows;

@@ -64,7 +64,7 @@ class PlanBuilder {
 
   ScheduleLayout layout_;
   int64_t num_sms_;
-  int64_t partial_rows_ = 0, partial_qo_len_ = 0;
+  int64_t partial_rows_ = kNoPartialBudget, partial_qo_len_ = 0;
   bool longest_first_;  // MLACORE_SCHEDULE=longest_first when the plan was created
   // Mutable: info() completes it with the counts of the exchange counts_seq_
   // names (0: none pending).

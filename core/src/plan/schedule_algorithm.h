@@ -65,6 +65,10 @@ struct IndexView {
   }
 };
 
+// ScheduleInputs::partial_rows of a plan without a workspace budget
+// (MLACORE_PLAN_NO_PARTIAL_BUDGET in the C ABI).
+constexpr int64_t kNoPartialBudget = -1;
+
 struct ScheduleInputs {
   IndexView qo_indptr;  // batch + 1
   IndexView kv_indptr;  // batch + 1, in pages
@@ -74,10 +78,11 @@ struct ScheduleInputs {
   int64_t num_heads = 1;
   int64_t num_sms = 1;
   // The workspace's budget for partial outputs, a cap separate from the
-  // balance: partial_rows > 0 holds that many fp32 rows (512 values + LSE),
+  // balance: partial_rows >= 0 holds that many fp32 rows (512 values + LSE),
   // a partial takes max(partial_qo_len, the batch's max_qo_len) * num_heads
-  // of them. 0: no budget (the partials are bounded by max_work alone).
-  int64_t partial_rows = 0;
+  // of them (0 rows: nothing splits). kNoPartialBudget: no budget (the
+  // partials are bounded by max_work alone).
+  int64_t partial_rows = kNoPartialBudget;
   int64_t partial_qo_len = 0;
   // Work items in longest-first order (place_longest_first()), else request order.
   bool longest_first = false;
@@ -224,14 +229,14 @@ struct ChunkBounds {
 
 // The workspace cap (ScheduleInputs::partial_rows): the smallest chunk (in
 // tiles) whose partials fit `fit` = partial_rows / (qo_len * num_heads) of
-// them, 0 when the budget does not bind, -1 when not even two fit (nothing
-// may split). A split request has n = ceil(kv_tiles / c) >= 2 items with
+// them, 0 when there is no budget or it does not bind, -1 when not even two
+// fit (nothing may split). A split request has n = ceil(kv_tiles / c) >= 2 items with
 // (n - 1) * c < kv_tiles, so n <= 2 (n - 1) < 2 kv_tiles / c: the partials
 // total less than 2 * sum kv_tiles / c, at most `fit` for c >= 2 * sum
 // kv_tiles / fit. A budget of max_work or more partials never binds (the
 // partials are at most the work items), so the schedule is then the uncapped one.
 MLACORE_HD int64_t partial_chunk_floor(const ScheduleTotals& t, const ScheduleInputs& in, int64_t max_work) {
-  if (in.partial_rows <= 0) return 0;
+  if (in.partial_rows < 0) return 0;  // kNoPartialBudget
   int64_t qo = t.max_qo_len > in.partial_qo_len ? t.max_qo_len : in.partial_qo_len;
   if (qo < 1) qo = 1;
   const int64_t fit = in.partial_rows / (qo * in.num_heads);
