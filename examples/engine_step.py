@@ -330,11 +330,13 @@ def main(argv=None):
     elif not torch.cuda.is_available():
         p.error("no CUDA device: use --device cpu for the dry check")
     total_fail = 0
+    asked_blocks = args.num_blocks
     for heads in args.heads:
         for page_size in args.page_size:
+            # Pages for every request at its longest, twice over; per configuration, so page size 64
+            # does not inherit page size 1's pool (--num-blocks raises it).
             need = args.max_batch * (-(-(args.max_prompt + args.max_new + 1) // page_size) + 1) * 2
-            if args.num_blocks is None or args.num_blocks < need:
-                args.num_blocks = max(args.num_blocks or 0, need)
+            args.num_blocks = max(asked_blocks or 0, need)
             fails, worst = run_config(args, heads, page_size, device)
             total_fail += fails
             print(f"   heads={heads} page_size={page_size}: {'OK' if not fails else f'{fails} checks failed'} "

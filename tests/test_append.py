@@ -5,6 +5,8 @@ with nothing else written, strict mode, validation, backend routing,
 torch.compile, and on a GPU: bitwise equality with the CPU path, the caller's
 stream and CUDA-graph capture."""
 
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -728,14 +730,39 @@ def test_gpu_mixed_index_dtypes_and_long_rows():
     assert_same(gpu, expect)
 
 
+@requires_cuda
+@pytest.mark.parametrize("batch", [1, 7, 300])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_gpu_decode_step_guess_hits_and_misses(batch, page_size, index_dtype):
+    # A decode step: token i is request i's, which the rows kernel guesses (kv_indptr[i] loaded
+    # before batch_indices[i] is known). Hits, and misses where a token names another request
+    # (swapped pairs), an out-of-range request, a bad position or a bad page id, all match the
+    # reference; the guessed entries past the batch are never read (memcheck runs this file).
+    g = random.Random(batch * 31 + page_size)
+    table = Table(old=[g.randint(0, 70) for _ in range(batch)], new=[1] * batch, page_size=page_size,
+                  index_dtype=index_dtype, seed=batch)
+    if batch > 1:
+        bi, pos = table.batch_indices.clone(), table.positions.clone()
+        for i in range(0, batch - 1, 5):  # swap tokens i and i + 1 (both their request and position)
+            bi[i], bi[i + 1] = bi[i + 1].clone(), bi[i].clone()
+            pos[i], pos[i + 1] = pos[i + 1].clone(), pos[i].clone()
+        table.batch_indices, table.positions = bi, pos
+        table = with_bad_tokens(table)
+    whole, expect = run_mla(table, "split", torch.bfloat16, device="cuda")
+    assert_same(whole, expect)
+    gpu, expect = run_kv(table, "tuple", "NHD", torch.bfloat16, heads=8, dim=128, device="cuda")
+    assert_same(gpu, expect)
+
+
 KERNEL_SCRIPT = r"""
 import os, sys, torch
 sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
 from test_append import Table, with_bad_tokens, run_mla, run_kv, assert_same, _odd_table, _fast_shapes_match_reference
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     for page_size in (1, 16):
-        # A decode step (64 tokens), then appends past the rows kernel's 4 MiB; rows of 12 + 4
-        # bf16 (8-byte accesses) only the classic kernel takes.
+        # A small append (64 tokens), then a large one (9010 tokens); rows of 12 + 4 bf16
+        # (8-byte accesses) only the classic kernel takes.
         for new in ([16, 16, 16, 16], [5000, 1, 4000, 9]):
             table = with_bad_tokens(Table(old=[0, 33, 100, 7], new=new, page_size=page_size, seed=3))
             for dims in ((512, 64), (12, 4)):
@@ -763,15 +790,15 @@ def test_gpu_kernel_choice_in_a_fresh_process(kernel, monkeypatch):
     # MLACORE_APPEND_KERNEL is read once per process: a fresh interpreter appends a decode step,
     # every fast shape and one only the classic kernel takes against the reference (with "fast"
     # and "rows" also odd sizes as in test_gpu_fast_kernel_shapes_at_odd_sizes), and the
-    # profiler names the kernels that ran. An H100/H200 runs the fast kernels unless told
-    # otherwise (a build without sm_90 code fails here on purpose: its fast kernels are
-    # missing); other GPUs the classic one.
+    # profiler names the kernels that ran. By default every 16-byte append runs the rows
+    # kernel; "fast" runs the sm_90 kernels on an H100/H200 (a build without sm_90 code fails
+    # here on purpose: its fast kernels are missing), the classic one on other GPUs.
     if kernel in ("fast", "rows"):
         monkeypatch.setenv("ODD_SIZES", "1")
     ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_APPEND_KERNEL", None if kernel == "default" else kernel)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     fast = {"warp", "bulk", "classic"} if hopper else {"classic"}
-    want = {"default": fast | {"rows"}, "classic": {"classic"}, "fast": fast, "rows": {"rows", "classic"}}[kernel]
+    want = {"default": {"rows", "classic"}, "classic": {"classic"}, "fast": fast, "rows": {"rows", "classic"}}[kernel]
     assert ran == want, f"expected the kernels {sorted(want)}, the profiler saw: {sorted(ran)}"
 
 

@@ -1,6 +1,7 @@
 """GPU probe of the paged appends (run by tools/append_probe.sh on the H200, mlacore installed).
 
-  python3 tools/append_probe.py kernels          every kernel one call launches at nnz 32, with its duration
+  python3 tools/append_probe.py kernels          every kernel one call launches (decode steps of PROBE_NNZ
+                                                 tokens, default 32,512), with its duration
   python3 tools/append_probe.py sweep            device time per call over nnz for the kernel that
                                                  MLACORE_APPEND_KERNEL picks (set by the caller), with copy_
                                                  and FlashInfer of the same call beside it
@@ -14,7 +15,7 @@ import torch
 
 import mlacore
 from mlacore.bench._timing import L2Flush, device_ms
-from mlacore.bench.append import HEADS, HEAD_DIM, Problem
+from mlacore.bench.append import HEADS, HEAD_DIM, STEP_MAX_NNZ, Problem
 
 DEV = "cuda"
 
@@ -29,9 +30,10 @@ def _fi():
 
 
 def calls(nnz, page_size, fi, order="scrambled"):
-    """name -> callable for one point: the three mlacore ops and their FlashInfer counterparts."""
+    """name -> callable for one point: the three mlacore ops and their FlashInfer counterparts
+    (the bench's shapes: a decode step up to STEP_MAX_NNZ tokens, chunks above)."""
     gen = torch.Generator().manual_seed(nnz + page_size)
-    p = Problem(nnz, page_size, DEV, False, gen, order)
+    p = Problem(nnz, page_size, DEV, False, gen, order, step=nnz <= STEP_MAX_NNZ)
     src, ckv, kpe, buf = p.mla()
     a, b = src[:, :512], src[:, 512:]
     key, value, cache = p.mha()
@@ -55,13 +57,14 @@ def calls(nnz, page_size, fi, order="scrambled"):
 
 
 def kernels():
-    """torch.profiler: every kernel (and memcpy/memset) one call launches, with its device time."""
+    """torch.profiler: every kernel (and memcpy/memset) one call launches, with its device time
+    (decode steps of PROBE_NNZ tokens, default 32 and 512)."""
     fi = _fi()
     print(f"MLACORE_APPEND_KERNEL={os.environ.get('MLACORE_APPEND_KERNEL', '(unset)')}")
     print(f"{'op':<10} {'page':>4}  {'kernels per call: name x count, mean device us':<}")
     flush = L2Flush(DEV)
-    for page_size in (1, 16, 64):
-        cs = calls(32, page_size, fi)
+    for nnz, page_size in [(n, ps) for n in map(int, os.environ.get("PROBE_NNZ", "32,512").split(",")) for ps in (1, 16, 64)]:
+        cs = calls(nnz, page_size, fi)
         for name in ("mla", "mha", "concat", "fi_mla", "fi_mha", "copy_mla"):
             if name not in cs:
                 continue
@@ -80,7 +83,7 @@ def kernels():
                 if e.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in e.name and "fill" not in e.name.lower():
                     per.setdefault(e.name, []).append(e.time_range.elapsed_us())
             desc = "; ".join(f"{k[:60]} x{len(v) / n:g} {statistics.median(v):.2f}us" for k, v in per.items())
-            print(f"{name:<10} {page_size:>4}  {desc}")
+            print(f"{name:<10} {page_size:>4}  nnz {nnz}: {desc}")
             # CUDA events around the call, as the bench measures it.
             ms = device_ms(fn, repeats=50, flush=flush)
             print(f"{'':<10} {'':>4}  events: {ms * 1e3:.2f} us per call")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The append GPU probe (H200): builds and installs mlacore with tools/gpu_run.sh unless
 # MLACORE_SKIP_BUILD=1, then writes under $OUT:
-#   kernels.txt   every kernel one append launches at nnz 32 (torch.profiler), its device time,
+#   kernels.txt   every kernel one append launches in a decode step (torch.profiler), its device time,
 #                 and the CUDA-event time per call, for the default choice and for each forced one
 #   sweep-*.txt   device us per call over nnz for MLACORE_APPEND_KERNEL = auto, rows, fast, classic
 #   bench.txt     python -m mlacore bench --mode append (bars in its notes), bench.json

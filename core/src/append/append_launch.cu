@@ -1,9 +1,10 @@
 // The paged append's launcher (launch_gpu): the choice of kernel for a
-// call, from its data, and the stream-ordered copies of strict mode. A
-// slot-mapped append runs the rows kernel; a page-table append runs the rows
-// kernel up to kRowsMaxBytes (one lean launch for a decode step), above that
-// the sm_90 kernels where they apply (CUDA, 16-byte rows), else the classic
-// kernel. MLACORE_APPEND_KERNEL overrides the choice (kernel_choice).
+// call, from its data, and the stream-ordered copies of strict mode. Every
+// append whose rows move in 16-byte accesses runs the rows kernel (one lean
+// launch for a decode step, the scatter ceiling's speed for the largest
+// appends); narrower rows, and batch_indices and positions of two dtypes,
+// run the classic kernel. MLACORE_APPEND_KERNEL overrides the choice
+// (kernel_choice), e.g. for the sm_90 kernels.
 // Contract: a validated Job (paged_append.cpp); no allocation, no
 // synchronization on the append itself.
 // Design: docs/design/2026-12-01-append-kernels.md.
@@ -40,30 +41,22 @@ KStream kstream(const CopyStream& s, int width) {
 }
 
 // MLACORE_APPEND_KERNEL, read once: "classic" runs append_kernel for every
-// page-table append (A/B runs, a fallback in the field), "fast" the fast
-// variants where they apply and never the rows kernel, "rows" the rows kernel
-// for every append; unset or anything else, the rows kernel for appends of
-// at most kRowsMaxBytes and the fast variants (else classic) above that.
-// Slot-mapped appends always run the rows kernel.
-enum class Choice { Auto, Classic, Fast, Rows };
+// page-table append (A/B runs, a fallback in the field), "fast" the sm_90
+// kernels where they apply and never the rows kernel; unset, "rows" or
+// anything else, the rows kernel wherever it applies. Slot-mapped appends
+// always run the rows kernel.
+enum class Choice { Rows, Classic, Fast };
 
 Choice kernel_choice() {
   static const Choice choice = [] {
     const char* v = std::getenv("MLACORE_APPEND_KERNEL");
-    if (v == nullptr) return Choice::Auto;
+    if (v == nullptr) return Choice::Rows;
     if (std::strcmp(v, "classic") == 0) return Choice::Classic;
     if (std::strcmp(v, "fast") == 0) return Choice::Fast;
-    if (std::strcmp(v, "rows") == 0) return Choice::Rows;
-    return Choice::Auto;
+    return Choice::Rows;
   }();
   return choice;
 }
-
-// Source bytes up to which an append runs the rows kernel by default: one
-// wave of it moves them all at once (4 MiB = 2^18 16-byte accesses, about
-// one per resident thread on an H200), where the fast kernels' persistent
-// grids would leave most SMs idle or spend their pipelines' start-up.
-constexpr int64_t kRowsMaxBytes = int64_t{4} << 20;
 
 }  // namespace
 
@@ -88,13 +81,14 @@ void launch_gpu(const Job& job, int device, void* stream) {
     launch_rows_by_slot(job, p, width, grid, s);
     return;
   }
-  // One lean launch for the appends of a decode step (see append_rows_kernel);
-  // rows narrower than 16-byte accesses, and batch_indices and positions of
-  // two dtypes, keep the classic kernel.
-  const int64_t row_bytes = static_cast<int64_t>(p.vecs) * width;
+  // The rows kernel (append_rows_kernel) at every size: on an H200 it is one
+  // lean launch for a decode step and at or above the scatter ceiling for the
+  // largest appends, where the sm_90 kernels were 3-9% slower (MHA) or equal
+  // (MLA): docs/design/2026-12-01-append-kernels.md. Rows narrower than
+  // 16-byte accesses, and batch_indices and positions of two dtypes, keep the
+  // classic kernel.
   const bool rows_fit = width == 16 && job.batch.is64 == job.pos.is64;
-  if (rows_fit && (choice == Choice::Rows || (choice == Choice::Auto && p.nnz <= kRowsMaxBytes / row_bytes)) &&
-      rows_shape(p, grid)) {
+  if (rows_fit && choice == Choice::Rows && rows_shape(p, grid)) {
     launch_rows_by_table(job, p, grid, s);
     return;
   }
