@@ -22,8 +22,14 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kCombineThreadsPerRow = kCkvDim / 4;
-// (partial, row) loads in flight together per thread: a float4 and an LSE each.
-constexpr int kCombineLoads = 8;
+// (partial, row) loads in flight together per thread (a float4 and an LSE
+// each), by rows a thread: one round of loads is one memory latency, so a row
+// merged alone (few rows, each with many partials: one long request) takes
+// 16 partials a round, several rows 8 between them.
+template <int kRowsPerThread>
+constexpr int combine_loads() {
+  return kRowsPerThread == 1 ? 16 : 8;
+}
 // Launch the combine as a programmatic dependent of the decode kernel on
 // sm_90+ (launch_mla_decode_combine); false falls back to a plain stream-ordered launch.
 constexpr bool kCombinePdl = true;
@@ -46,8 +52,8 @@ __global__ void __launch_bounds__(kThreads) mla_decode_combine_kernel(const Deco
   // schedule, the index tensors), so those dependent loads overlap the
   // decode's tail instead of following it.
   constexpr int R = kRowsPerThread;
-  constexpr int kGroup = kCombineLoads / R;  // partials of each row per round
-  static_assert(kGroup * R == kCombineLoads, "rows a thread divide the loads in flight");
+  constexpr int kGroup = combine_loads<R>() / R;  // partials of each row per round
+  static_assert(kGroup * R == combine_loads<R>(), "rows a thread divide the loads in flight");
   const int64_t b = blockIdx.x;
   const int32_t* md = p.schedule;
   int64_t batch = md[kHdrBatch];
