@@ -125,8 +125,8 @@ class Engine:
         self.mla, self.page = load_backend(name)
         self.dtype = torch.bfloat16
         if name == "flashinfer":
-            # FlashInfer's MLA kernels take the token stride of a contiguous ckv / kpe cache: two
-            # buffers per layer, as its own tests allocate them.
+            # Two contiguous buffers per layer, as FlashInfer's own tests allocate them (its decode
+            # also reads split views of one buffer).
             self.views = [(torch.zeros(args.num_blocks, page_size, CKV, dtype=self.dtype, device=device),
                            torch.zeros(args.num_blocks, page_size, KPE, dtype=self.dtype, device=device))
                           for _ in range(args.layers)]

@@ -258,14 +258,18 @@ def test_block_table_page_ids_beyond_int32_copy_exactly(device):
 
 
 @requires_cuda
+@pytest.mark.parametrize("limit", [2**31, 2**32])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_gpu_pool_larger_than_2_pow_31_elements(index_dtype):
-    # A [P, 16, 576] bf16 pool of more than 2^31 elements (> 4 GiB): appends
-    # and decode on its last pages must use 64-bit offsets.
+def test_gpu_pool_larger_than_2_pow_31_elements(index_dtype, limit):
+    # A [P, 16, 576] bf16 pool of more than 2^31 (> 4 GiB) and 2^32 elements
+    # (> 8 GiB, past an unsigned 32-bit offset): appends and decode on its
+    # last pages must use 64-bit offsets.
     S = 16
-    P = 2**31 // (S * 576) + 3
+    P = limit // (S * 576) + 3
+    if torch.cuda.mem_get_info()[0] < P * S * 576 * 2 + (1 << 30):
+        pytest.skip(f"needs {P * S * 576 * 2 / 2**30:.1f} GiB of free GPU memory")
     buf = torch.zeros(P, S, 576, dtype=torch.bfloat16, device="cuda")
-    assert buf.numel() > 2**31
+    assert buf.numel() > limit
     ckv, kpe = torch.split(buf, [512, 64], -1)
     pages = [P - 1, P - 2, 5]
     indices = torch.tensor(pages, dtype=index_dtype, device="cuda")
