@@ -65,7 +65,7 @@ class PlanBuilder {
   ScheduleLayout layout_;
   int64_t num_sms_;
   int64_t partial_rows_ = kNoPartialBudget, partial_qo_len_ = 0;
-  bool longest_first_;  // MLACORE_SCHEDULE=longest_first when the plan was created
+  bool longest_first_;  // MLACORE_SCHEDULE unset or longest_first when the plan was created
   // Mutable: info() completes it with the counts of the exchange counts_seq_
   // names (0: none pending).
   mutable PlanInfo info_;
