@@ -18,9 +18,9 @@ the floor at the bar shapes.
 kept when every tag of one set is among its tags: its group (bar, long, large,
 ragged, multi), h<heads> and p<page>. `--shapes bar+h128,ragged` runs the bar
 shapes at heads 128 and every ragged row. On an H200 the whole grid (51 rows,
-3 rounds of 20 calls a contender, about 0.1 s a measurement) is estimated at
-1.5-2 minutes with fa3 and FlashMLA both present, set-up, floors and the naive
-baseline included (plus FlashInfer's JIT compilation where its cache is cold).
+3 rounds of 20 calls for each contender) ran in about 50 s with fa3 and
+FlashMLA both present, set-up, floors and the naive baseline included (plus
+FlashInfer's JIT compilation where its cache is cold).
 """
 
 import math
