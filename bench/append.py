@@ -27,6 +27,7 @@ import torch
 
 import mlacore
 
+from ._mla import alternating
 from ._report import Table
 from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call
 
@@ -130,9 +131,10 @@ def _rows16(t, width):
         return flat
 
 
-def _scatter_ceiling(timer, pairs, slots):
-    """Time of writing each (rows [nnz, w], cache [P, S, ...w]) pair's rows to `slots` of the
-    cache with torch ops, the faster of index_copy_ and index_put_; checks what it wrote."""
+def _scatter_ceilings(pairs, slots):
+    """The scatter ceiling's two forms, each writing every (rows [nnz, w], cache [P, S, ...w])
+    pair's rows to `slots` of the cache with torch ops (index_copy_, index_put_); checks what
+    each wrote. The ceiling is the faster of the two."""
     views = [(_rows16(rows, rows.shape[-1]), _rows16(cache, rows.shape[-1])) for rows, cache in pairs]
 
     def by_index_copy():
@@ -150,10 +152,10 @@ def _scatter_ceiling(timer, pairs, slots):
         for rows, cache in pairs:
             if not torch.equal(cache.reshape(-1, rows.shape[-1])[slots], rows):
                 raise RuntimeError(f"append: the scatter ceiling ({fn.__name__}) wrote the wrong rows")
-    return min(timer(by_index_copy), timer(by_index_put))
+    return [by_index_copy, by_index_put]
 
 
-def _timer(ctx, repeats=30):
+def _timer(ctx, repeats):
     """fn -> its time; on a GPU the median of `repeats` calls (ctx.repeats when given)."""
     if ctx.gpu:
         flush = L2Flush(ctx.device)
@@ -161,12 +163,13 @@ def _timer(ctx, repeats=30):
     return lambda fn: cpu_ms(fn, repeats=ctx.repeats or 10)
 
 
-def _optional_ms(timer, fn):
+def _if_it_runs(fn):
+    """fn, or None when a first call raises (an installed FlashInfer that refuses this case)."""
     try:
         fn()
-    except Exception:  # an installed FlashInfer that refuses this case
-        return float("nan")
-    return timer(fn)
+    except Exception:
+        return None
+    return fn
 
 
 def _row(nnz, batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
@@ -174,13 +177,14 @@ def _row(nnz, batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
             copy_ms / ms, ceiling_ms / ms, fi_ms / ms]
 
 
-def _copy_ms(timer, nbytes, dev):
+def _copy_fn(nbytes, dev):
+    """copy_ of nbytes / 2 bytes (what the append reads, as much again written)."""
     flat_src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev)
     flat_dst = torch.empty_like(flat_src)
-    return timer(lambda: flat_dst.copy_(flat_src))
+    return lambda: flat_dst.copy_(flat_src)
 
 
-def _bandwidth_tables(ctx, timer, fi, step_timer=None):
+def _bandwidth_tables(ctx, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(0)
     sizes = [32, 128, 512, 1024, 8192, 65536, 262144] if ctx.full else [32, 512, 4096]
@@ -192,13 +196,18 @@ def _bandwidth_tables(ctx, timer, fi, step_timer=None):
     mha = Table(f"append_paged_kv_cache on {dev}, bf16, NHD (K, V), H={HEADS} D={HEAD_DIM}", list(cols))
     cat = Table(f"concat_and_cache_mla on {dev}, bf16, one [P, S, 576] cache, int64 slot_mapping", list(cols))
     nan = float("nan")
-    big_timer = timer
+    # Every contender of a row (mlacore, copy_, the scatter ceiling's two forms, FlashInfer,
+    # concat_and_cache_mla) is timed in alternating rounds, so drift hits all alike; a decode
+    # step's append is a few microseconds within about 0.3 us of event jitter, so its rows take
+    # 5 rounds of 40 calls, the others 3 of 10.
+    rounds = {True: 5, False: 3} if ctx.gpu else {True: 1, False: 1}
+    timers = {True: _timer(ctx, repeats=40), False: _timer(ctx, repeats=10)}
     for nnz in sizes:
         for page_size in (1, 16, 64):
             for order in ORDERS:
                 step = nnz <= STEP_MAX_NNZ
                 p = Problem(nnz, page_size, dev, ctx.separate, gen, order, step=step)
-                timer = step_timer if step and step_timer is not None else big_timer
+                timer = timers[step]
                 page, off = p.slots()
                 slots = p.slot_mapping
 
@@ -210,23 +219,23 @@ def _bandwidth_tables(ctx, timer, fi, step_timer=None):
                 if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
                     raise RuntimeError(f"append: MLA rows misplaced at nnz={nnz}, page_size={page_size}")
                 nbytes = 2 * nnz * 576 * 2
-                ms = timer(run)
-                copy_ms = _copy_ms(timer, nbytes, dev)
-                pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
-                ceiling_ms = _scatter_ceiling(timer, pairs, slots)
-                fi_ms = nan
-                if fi is not None:
-                    fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_mla_kv_cache(
-                        a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
-                mla.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
-
+                cat_run = None
                 if buf is not None:
                     buf.zero_()
-                    run = lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)
-                    run()
+                    cat_run = lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)
+                    cat_run()
                     if not torch.equal(buf.view(-1, 576)[slots], src):
                         raise RuntimeError(f"concat_and_cache_mla: rows misplaced at nnz={nnz}, page_size={page_size}")
-                    cat.add(*_row(nnz, p.batch, page_size, order, nbytes, timer(run), copy_ms, ceiling_ms, nan))
+                fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(
+                    a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
+                pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
+                ms, copy_ms, fi_ms, cat_ms, *ceilings = alternating(
+                    timer, [run, _copy_fn(nbytes, dev), fi_run, cat_run, *_scatter_ceilings(pairs, slots)],
+                    rounds[step])
+                ceiling_ms = min(ceilings)
+                mla.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
+                if cat_run is not None:
+                    cat.add(*_row(nnz, p.batch, page_size, order, nbytes, cat_ms, copy_ms, ceiling_ms, nan))
                 del src, a_ckv, a_kpe, ckv, kpe, buf
 
                 key, value, cache = p.mha()
@@ -235,23 +244,22 @@ def _bandwidth_tables(ctx, timer, fi, step_timer=None):
                 if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
                     raise RuntimeError(f"append: K/V rows misplaced at nnz={nnz}, page_size={page_size}")
                 nbytes = 2 * 2 * nnz * HEADS * HEAD_DIM * 2
-                ms = timer(run)
-                copy_ms = _copy_ms(timer, nbytes, dev)
+                fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_kv_cache(
+                    key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
                 row = HEADS * HEAD_DIM
-                ceiling_ms = _scatter_ceiling(timer, [(key.reshape(nnz, row), cache[0]),
-                                                      (value.reshape(nnz, row), cache[1])], slots)
-                fi_ms = nan
-                if fi is not None:
-                    fi_ms = _optional_ms(timer, lambda: fi.page.append_paged_kv_cache(
-                        key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
+                pairs = [(key.reshape(nnz, row), cache[0]), (value.reshape(nnz, row), cache[1])]
+                ms, copy_ms, fi_ms, *ceilings = alternating(
+                    timer, [run, _copy_fn(nbytes, dev), fi_run, *_scatter_ceilings(pairs, slots)], rounds[step])
+                ceiling_ms = min(ceilings)
                 mha.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
                 del key, value, cache
     for t in (mla, mha, cat):
         t.notes.append("MB = bytes read + written; x copy_ / x ceiling / x flashinfer = their time / this op's "
                        "(> 1: this op is faster)")
         if ctx.gpu:
-            t.notes.append("device time per call, CUDA events, L2 flushed before every call; medians of 200 calls "
-                           f"up to {STEP_MAX_NNZ} tokens, 30 above")
+            t.notes.append("device time per call, CUDA events, L2 flushed before every call; a row's contenders "
+                           "in alternating rounds, medians of 5 rounds x 40 calls up to "
+                           f"{STEP_MAX_NNZ} tokens, 3 x 10 above")
         t.plot = ("nnz", ["mlacore_GB/s"], True, False)
     mla.notes.append("bars: nnz <= 1024 x flashinfer >= 1 and x copy_ >= 0.8; nnz >= 65536 x ceiling >= 0.97 "
                      "and x flashinfer >= 1.6")
@@ -311,10 +319,7 @@ def _host_table(ctx, fi):
 
 def run(ctx):
     fi = _flashinfer() if ctx.gpu else None
-    timer = _timer(ctx)
-    # A decode step's append is a few microseconds, within about 0.3 us of event jitter: the
-    # median of 200 calls instead of 30 (every column of the row alike).
-    tables = _bandwidth_tables(ctx, timer, fi, step_timer=_timer(ctx, repeats=200))
+    tables = _bandwidth_tables(ctx, fi)
     tables.append(_host_table(ctx, fi))
     if fi is None and ctx.gpu:
         tables[-1].notes.append("flashinfer not importable: no side-by-side figures")
