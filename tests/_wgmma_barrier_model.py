@@ -1,24 +1,21 @@
 """Model of the barrier protocol of core/src/decode/mla_decode_sm90.cu.
 
 Three actors: the two warpgroups and the copy engine that lands warpgroup 1's
-cp.async tiles, each in GROUPS parts with a KvFull mbarrier per part. Each warpgroup contributes half of a 256-thread named barrier
+cp.async tiles. Each warpgroup contributes half of a 256-thread named barrier
 (bar.sync blocks until both halves are in, bar.arrive counts in and goes on:
 warpgroup 0 on KvEmpty; racecheck builds make KvEmpty an mbarrier with the
 same arrive/wait roles, which orders the same accesses). The shared-memory
 mbarriers complete a phase after a fixed number of arrivals and are waited
 for by parity, which is only sound while no phase two ahead of a wait
 completes before it (checked): PFree (warpgroup 1 arrives, warpgroup 0
-waits), and KvFull of each stage and part (tile t >= 1 on stage t % 2, phase
-(t - 1) // 2: warpgroup 1's arrival after issuing the part, the first of
-which releases the tile's valid flags, and the copy engine's once the part
-has landed, which does not carry what warpgroup 1 did; the flags are also
-ordered by PFull(t-1), which warpgroup 1 enters after issuing tile t, so the
-model holds without the first). The copy engine lands a thread's copies in
-the order they were issued, so a part's landing follows the earlier parts'.
-Warpgroup 0 waits for each part before the k-steps of S over it, and
-warpgroup 1 only for the last part. Warpgroup 0 frees a stage early (before
-its wait for the next tile) at any set of tiles: the kernel does when that
-tile's last part has not landed, and the protocol must hold either way.
+waits), and KvFull of each stage (tile t >= 1 on stage t % 2, phase
+(t - 1) // 2: warpgroup 1's arrival, which releases the tile's valid flags,
+and the copy engine's once the tile has landed, which does not carry what
+warpgroup 1 did; the flags are also ordered by PFull(t-1), which warpgroup 1
+enters after issuing tile t, so the model holds without the first).
+Warpgroup 0 frees a stage early (before its wait for the next tile) at any
+set of tiles: the kernel does when that tile has not landed, and the
+protocol must hold either way.
 The per-tile op lists below mirror the kernel's loops by hand and must be
 kept in step with them. For n_tiles 0..9 and many random interleavings (and
 random early-free sets) this checks: no deadlock; every named-barrier phase
@@ -28,8 +25,8 @@ arrivers did before arriving), the orderings the shared-memory hazards rely
 on:
   - P / alpha of tile t written only after warpgroup 1's P V(t-1) and its
     read of alpha(t-1) (PFree); read only after they were written (PFull);
-  - a part of a KV stage is read (S, both P V) only after it landed, and
-    the valid flags only after warpgroup 1 stored them (KvFull);
+  - a KV stage is read (S, both P V) only after its load landed, and its
+    valid flags only after warpgroup 1 stored them (KvFull);
   - tile t+2 is loaded into stage t % 2 only after S(t), P V(t) of both
     warpgroups completed (KvEmpty, and warpgroup 1's own wait).
 No GPU involved:  python3 tests/_wgmma_barrier_model.py
@@ -37,36 +34,23 @@ No GPU involved:  python3 tests/_wgmma_barrier_model.py
 
 import random
 
-# Parts of a KV stage (kKvGroups in the kernel), each with a KvFull mbarrier.
-GROUPS = 3
-
 # Arrivals that complete a phase of each mbarrier.
-ARRIVALS = {"PFree": 1, **{f"Full{st}.{g}": 2 for st in range(2) for g in range(GROUPS)}}
+ARRIVALS = {"PFree": 1, "Full0": 2, "Full1": 2}
 
 
-def full(t, g):  # the KvFull mbarrier of part g and phase of tile t >= 1
-    return f"Full{t % 2}.{g}", (t - 1) // 2
-
-
-def load(t):  # warpgroup 1 issues tile t part by part, arriving after each
-    ops = []
-    for g in range(GROUPS):
-        ops.append(("ev", f"load{g}", t))
-        if t > 0:
-            ops.append(("marrive", *full(t, g)))
-    return ops
+def full(t):  # the KvFull mbarrier and phase of tile t >= 1
+    return f"Full{t % 2}", (t - 1) // 2
 
 
 def wg0(n, early=frozenset()):
     ops = [("sync", "Start", "prologue")]
     for it in range(n):
         free = [("ev", "PV0_done", it - 1), ("arrive", "KvEmpty", it - 1)]  # wait_group 0 or 1
-        if it > 0 and it in early and it + 1 < n:
-            ops += free
-        for g in range(GROUPS):
-            if it > 0:
-                ops.append(("mwait", *full(it, g)))
-            ops.append(("ev", f"S{g}_issue", it))
+        if it > 0:
+            if it in early and it + 1 < n:
+                ops += free
+            ops.append(("mwait", *full(it)))
+        ops.append(("ev", "S_issue", it))
         if it > 0 and it + 1 < n and it not in early:
             ops += free
         ops.append(("ev", "S_done", it))  # wait_group 0
@@ -85,36 +69,34 @@ def wg0(n, early=frozenset()):
 def wg1(n):
     ops = []
     if n > 0:
-        ops += load(0) + [("await", f"load_landed{GROUPS - 1}", 0)]  # cp.async.wait_group 0 + fence
+        ops += [("ev", "load", 0), ("await", "load_landed", 0)]  # cp.async.wait_group 0 + fence
     ops.append(("sync", "Start", "prologue"))
     if n > 1:
-        ops += load(1)
+        ops += [("ev", "load", 1), ("marrive", *full(1))]
     for it in range(n):
         ops.append(("sync", "PFull", it))
         ops.append(("ev", "alpha_read", it))
         if it > 0:
-            ops.append(("mwait", *full(it, GROUPS - 1)))
+            ops.append(("mwait", *full(it)))
         ops.append(("ev", "PV1_issue", it))
         ops.append(("ev", "PV1_done", it))  # wgmma wait_group 0
         if it + 1 < n:
             ops.append(("marrive", "PFree", it))
             if it + 2 < n:
                 ops.append(("sync", "KvEmpty", it))
-                ops += load(it + 2)
+                ops += [("ev", "load", it + 2), ("marrive", *full(it + 2))]
     ops.append(("sync", "end", 0))
     return ops
 
 
 def copies(n):
-    # A part lands some time after its cp.async were issued, after the parts
-    # issued before it; that arrival orders the landed data only, not what
-    # warpgroup 1 did before issuing.
+    # A tile lands some time after its cp.async were issued; that arrival
+    # orders the landed data only, not what warpgroup 1 did before issuing.
     ops = []
     for t in range(n):
-        for g in range(GROUPS):
-            ops += [("await_only", f"load{g}", t), ("ev", f"load_landed{g}", t)]
-            if t > 0:
-                ops.append(("marrive", *full(t, g)))
+        ops += [("await_only", "load", t), ("ev", "load_landed", t)]
+        if t > 0:
+            ops.append(("marrive", *full(t)))
     return ops
 
 
@@ -206,19 +188,17 @@ def run(n, rng):
             if not vx[ax] <= vy[ax]:
                 bad.append((x, y))
 
-    last = GROUPS - 1
     for t in range(n):
-        assert (f"load{last}", t) in ev and ("PV0_issue", t) in ev and ("PV1_issue", t) in ev
+        assert ("load", t) in ev and ("PV0_issue", t) in ev and ("PV1_issue", t) in ev
         need(("PV1_done", t - 1), ("P_write", t))
         need(("alpha_read", t - 1), ("P_write", t))
         need(("P_write", t), ("PV1_issue", t))
         need(("P_write", t), ("alpha_read", t))
-        for g in range(GROUPS):
-            for use in (f"S{g}_issue", "PV0_issue", "PV1_issue"):
-                need((f"load_landed{g}", t), (use, t))
-        need(("load0", t), ("S_done", t))  # the valid flags, stored before the first part
-        for done in [f"S{g}_issue" for g in range(GROUPS)] + ["S_done", "PV0_done", "PV1_done"]:
-            need((done, t), ("load0", t + 2))
+        for use in ("S_issue", "PV0_issue", "PV1_issue"):
+            need(("load_landed", t), (use, t))
+        need(("load", t), ("S_done", t))  # the valid flags, stored when the tile is issued
+        for done in ("S_done", "PV0_done", "PV1_done"):
+            need((done, t), ("load", t + 2))
     assert not bad, f"n={n}: ordering not guaranteed: {bad}"
 
 

@@ -47,7 +47,7 @@ def _free_without_wait(ops):
 
 
 @pytest.mark.parametrize(
-    "broken", ["arrive_early", "wait_wrong_phase", "no_wait", "first_part_only", "no_kvempty", "free_without_wait"]
+    "broken", ["arrive_early", "wait_wrong_phase", "no_wait", "no_kvempty", "free_without_wait"]
 )
 def test_model_rejects_broken_protocols(model, broken, monkeypatch):
     wg0, wg1 = model.wg0, model.wg1
@@ -59,14 +59,6 @@ def test_model_rejects_broken_protocols(model, broken, monkeypatch):
         )
     elif broken == "no_wait":
         monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): [op for op in wg0(n, early) if op[0] != "mwait"])
-    elif broken == "first_part_only":  # S over every part of a tile once its first part has landed
-        monkeypatch.setattr(
-            model,
-            "wg0",
-            lambda n, early=frozenset(): [
-                op for op in wg0(n, early) if not (op[0] == "mwait" and op[1].startswith("Full") and not op[1].endswith(".0"))
-            ],
-        )
     elif broken == "no_kvempty":  # warpgroup 1 refills a stage without waiting for warpgroup 0's S and P V of it
         monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): [op for op in wg0(n, early) if op[1] != "KvEmpty"])
         monkeypatch.setattr(model, "wg1", lambda n: [op for op in wg1(n) if op[1] != "KvEmpty"])

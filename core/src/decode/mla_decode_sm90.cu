@@ -5,10 +5,8 @@
 // same direct / partial epilogue, so the schedule and the combine are shared.
 // Warpgroup 0 computes S, the softmax and O[:, 0:256]; warpgroup 1 loads KV
 // tiles (two in flight, two shared-memory stages) and computes O[:, 256:512].
-// A stage lands in kKvGroups parts of three column blocks, each with its own
-// KvFull mbarrier, and S = Q K^T starts on a part as soon as it has landed.
 // They hand off through named barriers (kBarStart, kBarPFull, kBarKvEmpty)
-// and mbarriers (KvFull per stage and part, PFree); the order is modelled and checked
+// and mbarriers (KvFull per stage, PFree); the order is modelled and checked
 // by tests/_wgmma_barrier_model.py, which must change with it.
 // Roles, barrier protocol and the reasons for each choice:
 // docs/design/2026-12-01-decode-sm90-barriers.md.
@@ -34,12 +32,6 @@ constexpr int kBlocks = kQkDim / 64;               // 64-element column blocks p
 constexpr int kBlockBytes = 64 * 128;              // one column block of 64 rows
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
 constexpr int kStages = 2;
-// A stage's parts: the loader issues a part's copies (column blocks
-// kGroupBlocks * grp ...), then arrives on its KvFull mbarrier, so warpgroup
-// 0 issues S's k-steps over those blocks while the later parts are in
-// flight: the wait for a tile is for its first 24 KB, not all 72 KB.
-constexpr int kKvGroups = 3;
-constexpr int kGroupBlocks = kBlocks / kKvGroups;
 constexpr int kLdRows = 16;  // token rows the 128 loader threads cover per pass (8 threads a row)
 constexpr int kLdPasses = kTok / kLdRows;
 // Named barrier ids (0 is __syncthreads).
@@ -63,8 +55,8 @@ constexpr int kOffScale = kOffP + kBlockBytes;      // float[kRows]: alpha of th
 constexpr int kOffSum = kOffScale + kRows * 4;      // float[kRows]: row sums, at the end
 constexpr int kOffValid = kOffSum + kRows * 4;      // uint8[kStages][kTok], 0 or 1
 constexpr int kOffPFree = kOffValid + kStages * kTok;  // uint64: the PFree mbarrier
-constexpr int kOffFull = kOffPFree + 8;                // uint64[kStages][kKvGroups]: the KvFull mbarriers
-constexpr int kOffEmpty = kOffFull + kStages * kKvGroups * 8;  // uint64: the KvEmpty mbarrier (racecheck builds)
+constexpr int kOffFull = kOffPFree + 8;                // uint64[kStages]: the KvFull mbarriers
+constexpr int kOffEmpty = kOffFull + kStages * 8;      // uint64: the KvEmpty mbarrier (racecheck builds)
 constexpr int kSmemUsed = kOffEmpty + 8;
 // The dynamic shared memory base is only guaranteed 16-byte aligned: 1 KB of
 // slack lets the kernel round it up.
@@ -75,7 +67,6 @@ static_assert(kOffPFree % 8 == 0, "mbarriers are 8-byte aligned");
 static_assert(kOffValid % 16 == 0 && kTok % 16 == 0, "a stage's valid flags are whole 16-byte vectors");
 static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0 && kTileBytes % 1024 == 0, "swizzle atoms on 1 KB");
 static_assert(kKpeDim == 64, "kpe is the ninth column block");
-static_assert(kGroupBlocks * kKvGroups == kBlocks, "a stage's parts are whole column blocks");
 static_assert(kThreads == 256 && kLdRows * 8 == kThreads / 2, "warpgroup 1 loads, 8 threads per token row");
 static_assert(kLdPasses * kLdRows == kTok, "the loader covers a tile in whole passes");
 static_assert(0 < kBarStart && kBarStart < kBarKvEmpty && kBarKvEmpty < kBarPFull && kBarPFull < 16,
@@ -98,8 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
   unsigned char* s_valid = smem + kOffValid;
   const uint32_t s_pfree = s_base + kOffPFree;
-  // KvFull of part grp of a stage.
-  auto full_bar = [s_base](int stage, int grp) { return s_base + kOffFull + 8 * (stage * kKvGroups + grp); };
+  const uint32_t s_full = s_base + kOffFull;  // + 8 * stage
   const uint32_t s_empty = s_base + kOffEmpty;
   // KvEmpty(t): warpgroup 0 is through with stage t % 2; warpgroup 1 waits
   // for it before refilling the stage with tile t+2.
@@ -111,8 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     if constexpr (kKvEmptyMbarrier) wg::mbar_wait(s_empty, static_cast<uint32_t>(t & 1));
     else wg::bar_sync(kBarKvEmpty, kThreads);
   };
-  // Tile t >= 1 lands in stage t % 2 on phase (t - 1) / 2 of each of that
-  // stage's KvFull mbarriers (tile 0 is the prologue's).
+  // Tile t >= 1 lands in stage t % 2 on phase (t - 1) / 2 of that stage's
+  // KvFull mbarrier (tile 0 is the prologue's).
   auto full_parity = [](int64_t t) { return static_cast<uint32_t>(((t - 1) >> 1) & 1); };
 
   // Lets the combine kernel launch once every CTA of this grid is resident;
@@ -150,39 +140,28 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   };
   // Tile `tile` into stage `stage` (rows past the item zero-filled, so no
   // stale shared memory meets a zero probability), then its commit group;
-  // tiles past the item commit an empty group. The copies go out part by
-  // part (column blocks kGroupBlocks * grp ...); for tiles after the first
-  // this thread arrives on the part's KvFull mbarrier twice after issuing
-  // it: once when its copies so far land and once now, which also releases
-  // the valid flags, stored before the first part.
+  // tiles past the item commit an empty group. Tiles after the first also
+  // arrive on their stage's KvFull mbarrier: once when this thread's copies
+  // land and once now, which releases the valid flags stored here.
   auto issue = [&](int64_t tile, int stage, const PageRef (&ref)[kLdPasses]) {
     if (tile < n_tiles) {
-      const uint16_t* crow[kLdPasses];
-      const uint16_t* krow[kLdPasses];
-      bool valid[kLdPasses];
 #pragma unroll
       for (int q = 0; q < kLdPasses; ++q) {
         const PageRef& r = ref[q];
+        const int tok = q * kLdRows + ld_tok;
         const int64_t page = r.page >= 0 && (p.pages.num_pages < 0 || r.page < p.pages.num_pages) ? r.page : -1;
-        valid[q] = page >= 0;
-        crow[q] = ckv + (valid[q] ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0) + ld_sub * 8;
-        krow[q] = kpe + (valid[q] ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0) + ld_sub * 8;
-        if (ld_sub == 0) s_valid[stage * kTok + q * kLdRows + ld_tok] = valid[q];
+        const bool valid = page >= 0;
+        const uint16_t* crow = ckv + (valid ? page * p.ckv_stride_page + r.off * p.ckv_stride_tok : 0) + ld_sub * 8;
+        const uint16_t* krow = kpe + (valid ? page * p.kpe_stride_page + r.off * p.kpe_stride_tok : 0) + ld_sub * 8;
+        const uint32_t dst = s_kv + stage * kTileBytes + wg::sw128(tok, ld_sub);
+#pragma unroll
+        for (int j = 0; j < kCkvDim / 64; ++j) cp_async16(dst + j * kBlockBytes, crow + 64 * j, valid);
+        cp_async16(dst + (kCkvDim / 64) * kBlockBytes, krow, valid);
+        if (ld_sub == 0) s_valid[stage * kTok + tok] = valid;
       }
-#pragma unroll
-      for (int grp = 0; grp < kKvGroups; ++grp) {
-#pragma unroll
-        for (int j = grp * kGroupBlocks; j < (grp + 1) * kGroupBlocks; ++j) {
-#pragma unroll
-          for (int q = 0; q < kLdPasses; ++q) {
-            const uint32_t dst = s_kv + stage * kTileBytes + wg::sw128(q * kLdRows + ld_tok, ld_sub) + j * kBlockBytes;
-            cp_async16(dst, j < kCkvDim / 64 ? crow[q] + 64 * j : krow[q], valid[q]);
-          }
-        }
-        if (tile > 0) {
-          cp_async_arrive(full_bar(stage, grp));
-          wg::mbar_arrive(full_bar(stage, grp));
-        }
+      if (tile > 0) {
+        cp_async_arrive(s_full + 8 * stage);
+        wg::mbar_arrive(s_full + 8 * stage);
       }
     }
     cp_async_commit();
@@ -248,8 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   wg::fence_proxy_async();  // this thread's cp.async data, next read by wgmma
   if (tid == 0) {  // published by the barrier below
     wg::mbar_init(s_pfree, kThreads / 2);
-    for (int st = 0; st < kStages; ++st)
-      for (int grp = 0; grp < kKvGroups; ++grp) wg::mbar_init(full_bar(st, grp), kThreads / 2);
+    for (int st = 0; st < kStages; ++st) wg::mbar_init(s_full + 8 * st, kThreads / 2);
     if (kKvEmptyMbarrier) wg::mbar_init(s_empty, kThreads / 2);
   }
   wg::bar_sync(kBarStart, kThreads);
@@ -276,50 +254,34 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     for (int64_t it = 0; it < n_tiles; ++it) {
       const int stage = static_cast<int>(it & 1);
       // Whether KvEmpty(it-1) was already arrived on: when tile `it` has not
-      // landed (its last part), this warp waits for its P V(it-1) first and
-      // frees stage (it-1) % 2 before waiting, so warpgroup 1 issues tile
-      // it+1 while tile `it` is still in flight.
+      // landed, this warp waits for its P V(it-1) first and frees stage
+      // (it-1) % 2 before waiting, so warpgroup 1 issues tile it+1 while tile
+      // `it` is still in flight.
       bool freed = false;
-      const uint32_t parity = full_parity(it);
-      if (it > 0 && it + 1 < n_tiles &&
-          !__all_sync(0xffffffffu, wg::mbar_test(full_bar(stage, kKvGroups - 1), parity))) {
-        wg::wait<0>();
-        free_stage();
-        freed = true;
+      if (it > 0) {
+        const uint32_t full = s_full + 8 * stage, parity = full_parity(it);
+        if (it + 1 < n_tiles && !__all_sync(0xffffffffu, wg::mbar_test(full, parity))) {
+          wg::wait<0>();
+          free_stage();
+          freed = true;
+        }
+        wg::mbar_wait(full, parity);  // tile `it` landed: its copies and valid flags
+        wg::fence_proxy_async();      // seen by this thread, next read by wgmma
       }
       const uint32_t kv = s_kv + stage * kTileBytes;
       const int64_t tile_start = item.begin + it * kTok;
 
-      // S = Q K^T over 576 dims, all 64 tokens, part by part: each part's
-      // k-steps go out once it has landed (its copies and, with the first,
-      // the valid flags), seen by this thread and then by wgmma (proxy fence).
+      // S = Q K^T over 576 dims, all 64 tokens.
       float s[kTok / 2];
 #pragma unroll
       for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
       const uint64_t desc_k = wg::desc_k_sw128(kv);
-      if (it > 0) {
-        wg::mbar_wait(full_bar(stage, 0), parity);
-        wg::fence_proxy_async();
-      }
       wg::fence_regs(s);
       wg::fence();
 #pragma unroll
-      for (int grp = 0; grp < kKvGroups; ++grp) {
-        if (grp > 0) {
-          if (it > 0) {
-            wg::mbar_wait(full_bar(stage, grp), parity);
-            wg::fence_proxy_async();
-          }
-          // A fence after the wait loop: without it, ptxas inserts one on
-          // the loop's path and serializes every wgmma of the kernel.
-          wg::fence_regs(s);
-          wg::fence();
-        }
-#pragma unroll
-        for (int kk = grp * kGroupBlocks * 4; kk < (grp + 1) * kGroupBlocks * 4; ++kk) {
-          const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
-          wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
-        }
+      for (int kk = 0; kk < kQkDim / 16; ++kk) {
+        const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
+        wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
       }
       wg::commit();
       if (it > 0 && it + 1 < n_tiles && !freed) {
@@ -473,9 +435,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       }
       if (it > 0) {
         // Tile `it` landed (warpgroup 0 has seen it too, before PFull): this
-        // thread's own acquire of the copies (the last part's arrivals follow
-        // every copy of the tile), then the proxy fence.
-        wg::mbar_wait(full_bar(stage, kKvGroups - 1), full_parity(it));
+        // thread's own acquire of the copies, then the proxy fence.
+        wg::mbar_wait(s_full + 8 * stage, full_parity(it));
         wg::fence_proxy_async();
       }
       wg::fence_regs(o);
