@@ -92,6 +92,25 @@ def device_ms(fn, repeats=50, warmup=5, flush=None, settle_s=0.1):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def settle(fns, flush=None, settle_s=0.1):
+    """Runs the callables in turn (L2 flushed before each) for at least `settle_s`
+    seconds: device_ms's warm-up, paid once for a row whose contenders are then
+    timed in alternating rounds with settle_s=0 (paid per measurement, it made a
+    decode-step row of the append bench take seconds)."""
+    import torch
+
+    t0, done = time.perf_counter(), 0
+    while done < 2 * len(fns) or time.perf_counter() - t0 < settle_s:
+        fn = fns[done % len(fns)]
+        if flush is not None:
+            flush()
+        fn()
+        done += 1
+        if done % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+
+
 def cpu_ms(fn, repeats=20, warmup=3, settle_s=0.05, min_sample_s=0.002):
     """Wall time of fn() on the CPU in milliseconds: the fastest of `repeats` samples.
 

@@ -29,7 +29,7 @@ import mlacore
 
 from ._mla import alternating
 from ._report import Table
-from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call
+from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call, settle
 
 HEADS, HEAD_DIM = 8, 128
 ORDERS = ("scrambled", "allocator")
@@ -155,12 +155,19 @@ def _scatter_ceilings(pairs, slots):
     return [by_index_copy, by_index_put]
 
 
-def _timer(ctx, repeats):
-    """fn -> its time; on a GPU the median of `repeats` calls (ctx.repeats when given)."""
+def _timer(ctx, repeats, flush):
+    """fn -> its time; on a GPU the median of `repeats` calls (ctx.repeats when given),
+    three calls of warm-up (the row settles once, _alternating)."""
     if ctx.gpu:
-        flush = L2Flush(ctx.device)
-        return lambda fn: device_ms(fn, repeats=ctx.repeats or repeats, flush=flush)
+        return lambda fn: device_ms(fn, repeats=ctx.repeats or repeats, warmup=3, flush=flush, settle_s=0.0)
     return lambda fn: cpu_ms(fn, repeats=ctx.repeats or 10)
+
+
+def _alternating(ctx, timer, fns, rounds, flush):
+    """The contenders of one row in alternating rounds, after one settling warm-up of all of them."""
+    if ctx.gpu:
+        settle([fn for fn in fns if fn is not None], flush)
+    return alternating(timer, fns, rounds)
 
 
 def _if_it_runs(fn):
@@ -201,7 +208,8 @@ def _bandwidth_tables(ctx, fi):
     # step's append is a few microseconds within about 0.3 us of event jitter, so its rows take
     # 5 rounds of 40 calls, the others 3 of 10.
     rounds = {True: 5, False: 3} if ctx.gpu else {True: 1, False: 1}
-    timers = {True: _timer(ctx, repeats=40), False: _timer(ctx, repeats=10)}
+    flush = L2Flush(dev) if ctx.gpu else None
+    timers = {True: _timer(ctx, 40, flush), False: _timer(ctx, 10, flush)}
     for nnz in sizes:
         for page_size in (1, 16, 64):
             for order in ORDERS:
@@ -229,9 +237,9 @@ def _bandwidth_tables(ctx, fi):
                 fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(
                     a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
                 pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
-                ms, copy_ms, fi_ms, cat_ms, *ceilings = alternating(
-                    timer, [run, _copy_fn(nbytes, dev), fi_run, cat_run, *_scatter_ceilings(pairs, slots)],
-                    rounds[step])
+                ms, copy_ms, fi_ms, cat_ms, *ceilings = _alternating(
+                    ctx, timer, [run, _copy_fn(nbytes, dev), fi_run, cat_run, *_scatter_ceilings(pairs, slots)],
+                    rounds[step], flush)
                 ceiling_ms = min(ceilings)
                 mla.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
                 if cat_run is not None:
@@ -248,8 +256,9 @@ def _bandwidth_tables(ctx, fi):
                     key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
                 row = HEADS * HEAD_DIM
                 pairs = [(key.reshape(nnz, row), cache[0]), (value.reshape(nnz, row), cache[1])]
-                ms, copy_ms, fi_ms, *ceilings = alternating(
-                    timer, [run, _copy_fn(nbytes, dev), fi_run, *_scatter_ceilings(pairs, slots)], rounds[step])
+                ms, copy_ms, fi_ms, *ceilings = _alternating(
+                    ctx, timer, [run, _copy_fn(nbytes, dev), fi_run, *_scatter_ceilings(pairs, slots)],
+                    rounds[step], flush)
                 ceiling_ms = min(ceilings)
                 mha.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
                 del key, value, cache

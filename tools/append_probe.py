@@ -2,6 +2,10 @@
 
   python3 tools/append_probe.py kernels          every kernel one call launches (decode steps of PROBE_NNZ
                                                  tokens, default 32,512), with its duration
+  python3 tools/append_probe.py launch           one call's device time three ways: CUDA events around an
+                                                 eager call (the bench's measure), events around the replay
+                                                 of a CUDA graph holding the call, and the kernels' own
+                                                 durations (torch.profiler); L2 flushed before each call
   python3 tools/append_probe.py sweep            device time per call over nnz for the kernel that
                                                  MLACORE_APPEND_KERNEL picks (set by the caller), with copy_
                                                  and FlashInfer of the same call beside it
@@ -89,6 +93,60 @@ def kernels():
             print(f"{'':<10} {'':>4}  events: {ms * 1e3:.2f} us per call")
 
 
+def _kernel_us(fn, flush, n=100):
+    """Summed duration of the device activity (kernels, memcpy) of one call, median over n calls."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            flush()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    per = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in e.name and "fill" not in e.name.lower():
+            per.append(e.time_range.elapsed_us())
+    return statistics.median(per) if len(per) == n else float("nan")
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph (warmed up on a side stream first, as torch asks), and its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g, g.replay
+
+
+def launch():
+    fi = _fi()
+    flush = L2Flush(DEV)
+    names = ["mla", "mha", "concat", "fi_mla", "fi_mha", "copy_mla"]
+    print(f"{'op':<9} {'nnz':>5} {'page':>4}  {'events us':>9} {'graph us':>9} {'kernel us':>9}  "
+          f"{'events-kernel':>13} {'graph-kernel':>12}   (medians of 3 rounds x 100 calls)")
+    for nnz in map(int, os.environ.get("PROBE_NNZ", "32,512").split(",")):
+        for page_size in (1, 16):
+            cs = calls(nnz, page_size, fi)
+            live = [n for n in names if n in cs]
+            graphs = {n: _graphed(cs[n]) for n in live}
+            res = {n: ([], [], []) for n in live}
+            for r in range(3):
+                for k in range(len(live)):
+                    n = live[(k + r) % len(live)]
+                    res[n][0].append(device_ms(cs[n], repeats=100, flush=flush, settle_s=0.02) * 1e3)
+                    res[n][1].append(device_ms(graphs[n][1], repeats=100, flush=flush, settle_s=0.02) * 1e3)
+                    res[n][2].append(_kernel_us(cs[n], flush))
+            for n in live:
+                ev, gr, ku = (statistics.median(v) for v in res[n])
+                print(f"{n:<9} {nnz:>5} {page_size:>4}  {ev:>9.2f} {gr:>9.2f} {ku:>9.2f}  {ev - ku:>13.2f} {gr - ku:>12.2f}")
+            del graphs, cs
+    sys.stdout.flush()
+
+
 def sweep():
     fi = _fi()
     flush = L2Flush(DEV)
@@ -110,4 +168,4 @@ def sweep():
 
 
 if __name__ == "__main__":
-    {"kernels": kernels, "sweep": sweep}[sys.argv[1]]()
+    {"kernels": kernels, "launch": launch, "sweep": sweep}[sys.argv[1]]()

@@ -128,6 +128,19 @@ __device__ __forceinline__ void split(int64_t n, int64_t d, int64_t& q, int64_t&
 // token must be skipped. The same checks, in the same order, as
 // PageTable::slot, through the same bounds-checked reads (pages_of,
 // page_at); only the division differs (32-bit when the numbers fit).
+// The lookups' shared tail: the page and offset of position `pos` (>= 0) of
+// a request whose pages are indices[begin, end), a range already checked
+// against the table; page stays -1 past the request's pages.
+template <class Idx>
+__device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, int64_t begin, int64_t end, int64_t pos,
+                                                int64_t& page, int64_t& off) {
+  int64_t in_request;
+  split(pos, t.page_size, in_request, off);
+  // Compared before adding, as in PageTable::slot: no wrapped index.
+  if (in_request >= end - begin) return;
+  page = t.page_at(begin + in_request);
+}
+
 template <class Idx>
 __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64_t pos, int64_t& page,
                                        int64_t& off) {
@@ -140,11 +153,7 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
   if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
   int64_t begin, end;
   if (!t.pages_of(b, begin, end)) return;
-  int64_t in_request;
-  split(pos, t.page_size, in_request, off);
-  // Compared before adding, as in PageTable::slot: no wrapped index.
-  if (in_request >= end - begin) return;
-  page = t.page_at(begin + in_request);
+  page_in_request(t, begin, end, pos, page, off);
 }
 
 // locate() for token `tok` of an append whose batch index is usually the
@@ -172,10 +181,7 @@ __device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const B
     end = static_cast<int64_t>(t.indptr[(b + 1) * t.indptr_stride]);
   }
   if (!(begin >= 0 && begin <= end && end <= t.num_indices)) return;  // PageTable::pages_of's test
-  int64_t in_request;
-  split(pos, t.page_size, in_request, off);
-  if (in_request >= end - begin) return;
-  page = t.page_at(begin + in_request);
+  page_in_request(t, begin, end, pos, page, off);
 }
 
 // Rows that are one run per stream (NHD, contiguous heads, MLA): see access_at.
