@@ -4,9 +4,8 @@
 // streams of token rows, the batch and position indices), the fast 32-bit
 // division the flat copies use, the address of access `v` of a token row,
 // and locate(), the page-table lookup with PageTable::slot's checks in its
-// order (and its two-step, guessing form for the rows kernel). Contract:
-// every index read is bounds-checked; a token whose request, position or
-// page is out of range gets page -1 (skipped, never written).
+// order. Contract: every index read is bounds-checked; a token whose request,
+// position or page is out of range gets page -1 (skipped, never written).
 #pragma once
 
 #include <cstdint>
@@ -129,41 +128,14 @@ __device__ __forceinline__ void split(int64_t n, int64_t d, int64_t& q, int64_t&
 // token must be skipped. The same checks, in the same order, as
 // PageTable::slot, through the same bounds-checked reads (pages_of,
 // page_at); only the division differs (32-bit when the numbers fit).
-// Position -> (page of the request, offset in it) for a page size fixed for
-// the call: a multiply-high (FastDiv) while position and page size fit 31
-// bits, split() otherwise. Built on the host by page_div().
-struct PageDiv {
-  FastDiv fast;
-  int64_t size = 1;
-  bool small = true;  // size < 2^31: `fast` divides by it
-
-  __device__ __forceinline__ void operator()(int64_t pos, int64_t& q, int64_t& r) const {
-    if (small && static_cast<uint64_t>(pos) < 0x80000000ull) {
-      const uint32_t q32 = divide(fast, static_cast<uint32_t>(pos));
-      q = q32;
-      r = pos - static_cast<int64_t>(q32) * size;
-    } else {
-      split(pos, size, q, r);
-    }
-  }
-};
-
-inline PageDiv page_div(int64_t page_size) {
-  PageDiv d;
-  d.size = page_size;
-  d.small = page_size >= 1 && page_size < (int64_t{1} << 31);
-  if (d.small) d.fast = fast_div(static_cast<uint32_t>(page_size));
-  return d;
-}
-
 // The lookups' shared tail: the page and offset of position `pos` (>= 0) of
 // a request whose pages are indices[begin, end), a range already checked
 // against the table; page stays -1 past the request's pages.
-template <class Idx, class Div>
-__device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, const Div& div, int64_t begin, int64_t end,
-                                                int64_t pos, int64_t& page, int64_t& off) {
+template <class Idx>
+__device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, int64_t begin, int64_t end, int64_t pos,
+                                                int64_t& page, int64_t& off) {
   int64_t in_request;
-  div(pos, in_request, off);
+  split(pos, t.page_size, in_request, off);
   // Compared before adding, as in PageTable::slot: no wrapped index.
   if (in_request >= end - begin) return;
   page = t.page_at(begin + in_request);
@@ -181,47 +153,35 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
   if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
   int64_t begin, end;
   if (!t.pages_of(b, begin, end)) return;
-  const auto by_split = [&t](int64_t n, int64_t& q, int64_t& r) { split(n, t.page_size, q, r); };
-  page_in_request(t, by_split, begin, end, pos, page, off);
+  page_in_request(t, begin, end, pos, page, off);
 }
 
 // locate() for token `tok` of an append whose batch index is usually the
-// token itself (a decode step: one token a request, batch_indices = arange),
-// in two steps so that a kernel can issue other loads between them.
-// guess_words() loads the token's batch index and position together with
-// kv_indptr[tok] and kv_indptr[tok + 1], before either is known (the
-// guessed entries only for tok < batch, in the table); locate_from_words()
-// finishes the lookup, re-reading the request's entries as locate() does when
-// the guess missed. When it holds, the lookup is two dependent loads (those
-// four words, then kv_indices), not three. Same checks, same result as
-// locate() for every input.
-struct GuessWords {
-  int64_t b, pos, begin, end;
-};
-
+// token itself (a decode step: one token a request, batch_indices = arange).
+// kv_indptr[tok] and kv_indptr[tok + 1] are loaded together with the token's
+// batch index and position, before either is known, so when the guess holds
+// the lookup is two dependent loads (those four words, then kv_indices), not
+// three. The guessed entries are read only for tok < batch (in the table);
+// a miss re-reads the request's entries as locate() does. Same checks, same
+// result as locate() for every input.
 template <class Idx, class B, class P>
-__device__ __forceinline__ GuessWords guess_words(const PageTable<Idx>& t, const B& batch, const P& positions,
-                                                  int64_t tok) {
-  GuessWords w{batch.at(tok), positions.at(tok), 0, 0};
-  if (tok < t.batch) {
-    w.begin = static_cast<int64_t>(t.indptr[tok * t.indptr_stride]);
-    w.end = static_cast<int64_t>(t.indptr[(tok + 1) * t.indptr_stride]);
-  }
-  return w;
-}
-
-template <class Idx, class Div>
-__device__ __forceinline__ void locate_from_words(const PageTable<Idx>& t, const Div& div, GuessWords w, int64_t tok,
-                                                  int64_t& page, int64_t& off) {
+__device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const B& batch, const P& positions,
+                                                int64_t tok, int64_t& page, int64_t& off) {
   page = -1;
   off = 0;
-  if (!((w.pos >= 0) & (w.b >= 0) & (w.b < t.batch))) return;
-  if (w.b != tok) {
-    w.begin = static_cast<int64_t>(t.indptr[w.b * t.indptr_stride]);
-    w.end = static_cast<int64_t>(t.indptr[(w.b + 1) * t.indptr_stride]);
+  const int64_t b = batch.at(tok), pos = positions.at(tok);
+  int64_t begin = 0, end = 0;
+  if (tok < t.batch) {
+    begin = static_cast<int64_t>(t.indptr[tok * t.indptr_stride]);
+    end = static_cast<int64_t>(t.indptr[(tok + 1) * t.indptr_stride]);
   }
-  if (!(w.begin >= 0 && w.begin <= w.end && w.end <= t.num_indices)) return;  // PageTable::pages_of's test
-  page_in_request(t, div, w.begin, w.end, w.pos, page, off);
+  if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
+  if (b != tok) {
+    begin = static_cast<int64_t>(t.indptr[b * t.indptr_stride]);
+    end = static_cast<int64_t>(t.indptr[(b + 1) * t.indptr_stride]);
+  }
+  if (!(begin >= 0 && begin <= end && end <= t.num_indices)) return;  // PageTable::pages_of's test
+  page_in_request(t, begin, end, pos, page, off);
 }
 
 // Rows that are one run per stream (NHD, contiguous heads, MLA): see access_at.

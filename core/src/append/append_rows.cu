@@ -18,13 +18,12 @@ namespace {
 // fetch into a cold instruction cache), no shared memory, no barrier, no
 // loop, and a grid that puts every access of the call in flight at once
 // whatever the batch. `lanes` threads share a token and each moves up to
-// kRowsPer of its accesses (u, u + lanes, ...): it issues the first loads of
-// the token's lookup (threads of one token read the same index words), then
-// its source loads, then the rest of the lookup, then its stores. The
-// page-table lookup guesses that token i is request i's (guess_words): two
-// dependent loads when it holds, as in a decode step, three otherwise. With a
-// slot mapping the lookup is one load. The page size divides by a
-// multiply-high (PageDiv), not a 32-bit division on the lookup's path.
+// kRowsPer of its accesses (u, u + lanes, ...): it issues those source loads
+// first, then the token's lookup (threads of one token read the same index
+// words: one request a warp), then its stores. The page-table lookup guesses
+// that token i is request i's (locate_guessing): two dependent loads when it
+// holds, as in a decode step, three otherwise. With a slot mapping the lookup
+// is one load.
 constexpr int kRowsThreads = 256;
 constexpr int kRowsPer = 2;
 constexpr uint32_t kRowsBlock = kRowsThreads * kRowsPer;  // accesses a block moves at most
@@ -45,16 +44,12 @@ TypedIndex<T> typed(const IndexVec& v) {
 
 // Where a token goes, from the page table (Idx: its dtype; Pos: that of
 // batch_indices and positions), guessing that token i belongs to request i.
-// load() issues the first round of the lookup, finish() the rest.
 template <class Idx, class Pos>
 struct ByTable {
   PageTable<Idx> table;
-  PageDiv div;
   TypedIndex<Pos> batch, pos;
-  using Words = GuessWords;
-  __device__ __forceinline__ Words load(int64_t tok) const { return guess_words(table, batch, pos, tok); }
-  __device__ __forceinline__ void finish(const Words& w, int64_t tok, int64_t& page, int64_t& off) const {
-    locate_from_words(table, div, w, tok, page, off);
+  __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
+    locate_guessing(table, batch, pos, tok, page, off);
   }
 };
 
@@ -63,14 +58,12 @@ struct ByTable {
 template <class S>
 struct BySlot {
   TypedIndex<S> slots;
-  PageDiv div;
-  int64_t capacity;
-  using Words = int64_t;
-  __device__ __forceinline__ Words load(int64_t tok) const { return slots.at(tok); }
-  __device__ __forceinline__ void finish(Words s, int64_t, int64_t& page, int64_t& off) const {
+  int64_t page_size, capacity;
+  __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
+    const int64_t s = slots.at(tok);
     page = -1;
     off = 0;
-    if (s >= 0 && s < capacity) div(s, page, off);
+    if (s >= 0 && s < capacity) split(s, page_size, page, off);
   }
 };
 
@@ -88,9 +81,6 @@ __global__ void __launch_bounds__(kRowsThreads) append_rows_kernel(Where where, 
   const uint32_t v0 = blockIdx.y * kRowsBlock + u;
   const char* src_a = p.a.src + tok * p.a.src_token;
   const char* src_b = p.b.src + tok * p.b.src_token;
-  // The lookup's first loads, then the rows' (not needed before the lookup
-  // ends), then the rest of the lookup while they are in flight.
-  const typename Where::Words words = where.load(tok);
   V buf[kRowsPer];
 #pragma unroll
   for (int k = 0; k < kRowsPer; ++k) {
@@ -98,7 +88,7 @@ __global__ void __launch_bounds__(kRowsThreads) append_rows_kernel(Where where, 
     if (v < p.vecs) buf[k] = load_once(reinterpret_cast<const V*>(access_at<Flat, V>(p, v, src_a, src_b, true)));
   }
   int64_t page, off;
-  where.finish(words, tok, page, off);
+  where(tok, page, off);  // while the loads are in flight
   if (page < 0) return;
   char* dst_a = p.a.dst + page * p.a.dst_page + off * p.a.dst_token;
   char* dst_b = p.b.dst + page * p.b.dst_page + off * p.b.dst_token;
@@ -120,7 +110,7 @@ void launch_rows(const Where& where, const KParams& p, dim3 grid, gpuStream_t st
 template <class Idx, class Pos>
 void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParams& p, dim3 grid,
                        gpuStream_t stream) {
-  const ByTable<Idx, Pos> where{table, page_div(table.page_size), typed<Pos>(job.batch), typed<Pos>(job.pos)};
+  const ByTable<Idx, Pos> where{table, typed<Pos>(job.batch), typed<Pos>(job.pos)};
   if (is_flat(p)) launch_rows<ByTable<Idx, Pos>, uint4, true>(where, p, grid, stream);
   else launch_rows<ByTable<Idx, Pos>, uint4, false>(where, p, grid, stream);
 }
@@ -136,7 +126,7 @@ void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParam
 // A slot-mapped append: rows are one run per stream (concat_and_cache_mla), any access width.
 template <class S>
 void launch_rows_slots(const Job& job, const KParams& p, int width, dim3 grid, gpuStream_t stream) {
-  const BySlot<S> where{typed<S>(job.slot_map.slots), page_div(job.slot_map.page_size), job.slot_map.capacity};
+  const BySlot<S> where{typed<S>(job.slot_map.slots), job.slot_map.page_size, job.slot_map.capacity};
   switch (width) {
     case 16: return launch_rows<BySlot<S>, uint4, true>(where, p, grid, stream);
     case 8: return launch_rows<BySlot<S>, uint2, true>(where, p, grid, stream);
