@@ -128,14 +128,57 @@ __device__ __forceinline__ void split(int64_t n, int64_t d, int64_t& q, int64_t&
 // token must be skipped. The same checks, in the same order, as
 // PageTable::slot, through the same bounds-checked reads (pages_of,
 // page_at); only the division differs (32-bit when the numbers fit).
+struct QuotRem {
+  int64_t q, r;
+};
+
+// split(), out of line: a call on a path the rows kernel never takes in a
+// decode step, so its straight-line path does not jump over the division's
+// code (after an L2 flush every instruction-cache line it skips to is one
+// more DRAM round trip before the first store).
+static __device__ __noinline__ QuotRem split_out_of_line(int64_t n, int64_t d) {
+  QuotRem qr;
+  split(n, d, qr.q, qr.r);
+  return qr;
+}
+
+// Position -> (page of the request, offset in it) for a page size fixed for
+// the call: a multiply-high (FastDiv) while position and page size fit 31
+// bits, split() out of line otherwise. Built on the host by page_div().
+struct PageDiv {
+  FastDiv fast;
+  int64_t size = 1;
+  bool small = true;  // 1 <= size < 2^31: `fast` divides by it
+
+  __device__ __forceinline__ void operator()(int64_t pos, int64_t& q, int64_t& r) const {
+    if (__builtin_expect(small & (static_cast<uint64_t>(pos) < 0x80000000ull), 1)) {
+      const uint32_t q32 = divide(fast, static_cast<uint32_t>(pos));
+      q = q32;
+      r = pos - static_cast<int64_t>(q32) * size;
+    } else {
+      const QuotRem qr = split_out_of_line(pos, size);
+      q = qr.q;
+      r = qr.r;
+    }
+  }
+};
+
+inline PageDiv page_div(int64_t page_size) {
+  PageDiv d;
+  d.size = page_size;
+  d.small = page_size >= 1 && page_size < (int64_t{1} << 31);
+  if (d.small) d.fast = fast_div(static_cast<uint32_t>(page_size));
+  return d;
+}
+
 // The lookups' shared tail: the page and offset of position `pos` (>= 0) of
 // a request whose pages are indices[begin, end), a range already checked
 // against the table; page stays -1 past the request's pages.
-template <class Idx>
-__device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, int64_t begin, int64_t end, int64_t pos,
-                                                int64_t& page, int64_t& off) {
+template <class Idx, class Div>
+__device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, const Div& div, int64_t begin, int64_t end,
+                                                int64_t pos, int64_t& page, int64_t& off) {
   int64_t in_request;
-  split(pos, t.page_size, in_request, off);
+  div(pos, in_request, off);
   // Compared before adding, as in PageTable::slot: no wrapped index.
   if (in_request >= end - begin) return;
   page = t.page_at(begin + in_request);
@@ -153,7 +196,8 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
   if (!((pos >= 0) & (b >= 0) & (b < t.batch))) return;
   int64_t begin, end;
   if (!t.pages_of(b, begin, end)) return;
-  page_in_request(t, begin, end, pos, page, off);
+  const auto by_split = [&t](int64_t n, int64_t& q, int64_t& r) { split(n, t.page_size, q, r); };
+  page_in_request(t, by_split, begin, end, pos, page, off);
 }
 
 // locate() for token `tok` of an append whose batch index is usually the
@@ -165,8 +209,8 @@ __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64
 // a miss re-reads the request's entries as locate() does. Same checks, same
 // result as locate() for every input.
 template <class Idx, class B, class P>
-__device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const B& batch, const P& positions,
-                                                int64_t tok, int64_t& page, int64_t& off) {
+__device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const PageDiv& div, const B& batch,
+                                                const P& positions, int64_t tok, int64_t& page, int64_t& off) {
   page = -1;
   off = 0;
   const int64_t b = batch.at(tok), pos = positions.at(tok);
@@ -181,7 +225,7 @@ __device__ __forceinline__ void locate_guessing(const PageTable<Idx>& t, const B
     end = static_cast<int64_t>(t.indptr[(b + 1) * t.indptr_stride]);
   }
   if (!(begin >= 0 && begin <= end && end <= t.num_indices)) return;  // PageTable::pages_of's test
-  page_in_request(t, begin, end, pos, page, off);
+  page_in_request(t, div, begin, end, pos, page, off);
 }
 
 // Rows that are one run per stream (NHD, contiguous heads, MLA): see access_at.

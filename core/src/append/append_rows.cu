@@ -23,7 +23,8 @@ namespace {
 // words: one request a warp), then its stores. The page-table lookup guesses
 // that token i is request i's (locate_guessing): two dependent loads when it
 // holds, as in a decode step, three otherwise. With a slot mapping the lookup
-// is one load.
+// is one load. The page size divides by a multiply-high (PageDiv), its slow
+// path out of line.
 constexpr int kRowsThreads = 256;
 constexpr int kRowsPer = 2;
 constexpr uint32_t kRowsBlock = kRowsThreads * kRowsPer;  // accesses a block moves at most
@@ -47,9 +48,10 @@ TypedIndex<T> typed(const IndexVec& v) {
 template <class Idx, class Pos>
 struct ByTable {
   PageTable<Idx> table;
+  PageDiv div;
   TypedIndex<Pos> batch, pos;
   __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
-    locate_guessing(table, batch, pos, tok, page, off);
+    locate_guessing(table, div, batch, pos, tok, page, off);
   }
 };
 
@@ -58,12 +60,13 @@ struct ByTable {
 template <class S>
 struct BySlot {
   TypedIndex<S> slots;
-  int64_t page_size, capacity;
+  PageDiv div;
+  int64_t capacity;
   __device__ __forceinline__ void operator()(int64_t tok, int64_t& page, int64_t& off) const {
     const int64_t s = slots.at(tok);
     page = -1;
     off = 0;
-    if (s >= 0 && s < capacity) split(s, page_size, page, off);
+    if (s >= 0 && s < capacity) div(s, page, off);
   }
 };
 
@@ -110,7 +113,7 @@ void launch_rows(const Where& where, const KParams& p, dim3 grid, gpuStream_t st
 template <class Idx, class Pos>
 void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParams& p, dim3 grid,
                        gpuStream_t stream) {
-  const ByTable<Idx, Pos> where{table, typed<Pos>(job.batch), typed<Pos>(job.pos)};
+  const ByTable<Idx, Pos> where{table, page_div(table.page_size), typed<Pos>(job.batch), typed<Pos>(job.pos)};
   if (is_flat(p)) launch_rows<ByTable<Idx, Pos>, uint4, true>(where, p, grid, stream);
   else launch_rows<ByTable<Idx, Pos>, uint4, false>(where, p, grid, stream);
 }
@@ -126,7 +129,7 @@ void launch_rows_table(const PageTable<Idx>& table, const Job& job, const KParam
 // A slot-mapped append: rows are one run per stream (concat_and_cache_mla), any access width.
 template <class S>
 void launch_rows_slots(const Job& job, const KParams& p, int width, dim3 grid, gpuStream_t stream) {
-  const BySlot<S> where{typed<S>(job.slot_map.slots), job.slot_map.page_size, job.slot_map.capacity};
+  const BySlot<S> where{typed<S>(job.slot_map.slots), page_div(job.slot_map.page_size), job.slot_map.capacity};
   switch (width) {
     case 16: return launch_rows<BySlot<S>, uint4, true>(where, p, grid, stream);
     case 8: return launch_rows<BySlot<S>, uint2, true>(where, p, grid, stream);
