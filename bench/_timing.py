@@ -111,6 +111,41 @@ def settle(fns, flush=None, settle_s=0.1):
     torch.cuda.synchronize()
 
 
+def kernel_us(fns, flush, calls=50, rounds=3):
+    """Device time of one call of each callable by the durations of the device work it
+    launches (kernels, copies; torch.profiler), in microseconds: what the device spends on
+    the call without the ~3 us that CUDA events around a call add on an H200. The L2 is
+    flushed before every call (the flush's own kernels, named by profiling it alone, are not
+    counted); alternating rounds, the median over rounds of each round's mean per call.
+    None entries give NaN."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def device_events(prof):
+        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush()
+        torch.cuda.synchronize()
+    flush_names = {e.name for e in device_events(prof)}
+
+    def one_round(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                flush()
+                fn()
+            torch.cuda.synchronize()
+        return sum(e.time_range.elapsed_us() for e in device_events(prof) if e.name not in flush_names) / calls
+
+    live = [i for i, fn in enumerate(fns) if fn is not None]
+    per = {i: [] for i in live}
+    for r in range(rounds):
+        for k in range(len(live)):
+            i = live[(k + r) % len(live)]
+            per[i].append(one_round(fns[i]))
+    return [statistics.median(per[i]) if i in per else float("nan") for i in range(len(fns))]
+
+
 def cpu_ms(fn, repeats=20, warmup=3, settle_s=0.05, min_sample_s=0.002):
     """Wall time of fn() on the CPU in milliseconds: the fastest of `repeats` samples.
 

@@ -21,6 +21,10 @@ Bars (H200): nnz <= 1024: x flashinfer >= 1 and x copy_ >= 0.8 (append <=
 1.25x copy_), MLA and MHA, pages 1/16/64; nnz >= 65536: x ceiling >= 0.97,
 MLA and MHA, and MLA x flashinfer >= 1.6; host time at nnz=32 <= 1.3x
 torch.add_.
+On a GPU a last table gives the decode-step appends (scrambled pages) by the
+durations of the kernels they launch (torch.profiler), beside FlashInfer's and
+copy_'s: the device's own time, which the events of the tables above see under
+about 3 us of overhead a call and its jitter.
 """
 
 import torch
@@ -29,7 +33,7 @@ import mlacore
 
 from ._mla import alternating
 from ._report import Table
-from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call, settle
+from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call, kernel_us, settle
 
 HEADS, HEAD_DIM = 8, 128
 ORDERS = ("scrambled", "allocator")
@@ -280,6 +284,40 @@ def _bandwidth_tables(ctx, fi):
     return tables
 
 
+def _kernel_table(ctx, fi):
+    """Decode-step appends by the durations of their kernels (torch.profiler), beside
+    FlashInfer's and copy_'s of the same bytes: the device's own time, which CUDA events
+    (the tables above) see under about 3 us of their own overhead and its jitter."""
+    dev = ctx.device
+    gen = torch.Generator().manual_seed(2)
+    flush = L2Flush(dev)
+    t = Table(f"decode-step appends on {dev}: kernel durations (torch.profiler), us per call, scrambled pages",
+              ["nnz", "page_size", "mla_us", "fi_mla_us", "copy_mla_us", "mla x flashinfer", "mla x copy_",
+               "mha_us", "fi_mha_us", "copy_mha_us", "mha x flashinfer", "mha x copy_"])
+    for nnz in (32, 128, 512, 1024):
+        for page_size in (1, 16, 64):
+            p = Problem(nnz, page_size, dev, ctx.separate, gen, "scrambled", step=True)
+            src, ckv, kpe, _ = p.mla()
+            a_ckv, a_kpe = src[:, :512], src[:, 512:]
+            key, value, cache = p.mha()
+            idx, tab = p.index_args(), p.table_args()
+            fi_mla = fi_mha = None
+            if fi is not None:
+                fi_mla = _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))
+                fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab,
+                                                                           kv_layout="NHD"))
+            us = kernel_us([lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
+                            _copy_fn(2 * nnz * 576 * 2, dev),
+                            lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
+                            _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev)], flush)
+            t.add(nnz, page_size, us[0], us[1], us[2], us[1] / us[0], us[2] / us[0],
+                  us[3], us[4], us[5], us[4] / us[3], us[5] / us[3])
+            del src, ckv, kpe, key, value, cache
+    t.notes.append("x flashinfer / x copy_ = their kernel time / this op's (> 1: this op is faster); "
+                   "L2 flushed before every call; medians of 3 alternating rounds of 50 calls")
+    return t
+
+
 def _host_table(ctx, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(1)
@@ -329,6 +367,8 @@ def _host_table(ctx, fi):
 def run(ctx):
     fi = _flashinfer() if ctx.gpu else None
     tables = _bandwidth_tables(ctx, fi)
+    if ctx.gpu:
+        tables.append(_kernel_table(ctx, fi))
     tables.append(_host_table(ctx, fi))
     if fi is None and ctx.gpu:
         tables[-1].notes.append("flashinfer not importable: no side-by-side figures")

@@ -18,7 +18,7 @@ import sys
 import torch
 
 import mlacore
-from mlacore.bench._timing import L2Flush, device_ms
+from mlacore.bench._timing import L2Flush, device_ms, kernel_us
 from mlacore.bench.append import HEADS, HEAD_DIM, STEP_MAX_NNZ, Problem
 
 DEV = "cuda"
@@ -93,21 +93,6 @@ def kernels():
             print(f"{'':<10} {'':>4}  events: {ms * 1e3:.2f} us per call")
 
 
-def _kernel_us(fn, flush, n=100):
-    """Summed duration of the device activity (kernels, memcpy) of one call, median over n calls."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            flush()
-            torch.cuda.synchronize()
-            fn()
-            torch.cuda.synchronize()
-    per = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and "zero_" not in e.name and "fill" not in e.name.lower():
-            per.append(e.time_range.elapsed_us())
-    return statistics.median(per) if len(per) == n else float("nan")
-
-
 def _graphed(fn):
     """fn captured in a CUDA graph (warmed up on a side stream first, as torch asks), and its replay."""
     side = torch.cuda.Stream()
@@ -139,7 +124,7 @@ def launch():
                     n = live[(k + r) % len(live)]
                     res[n][0].append(device_ms(cs[n], repeats=100, flush=flush, settle_s=0.02) * 1e3)
                     res[n][1].append(device_ms(graphs[n][1], repeats=100, flush=flush, settle_s=0.02) * 1e3)
-                    res[n][2].append(_kernel_us(cs[n], flush))
+                    res[n][2].append(kernel_us([cs[n]], flush, calls=100, rounds=1)[0])
             for n in live:
                 ev, gr, ku = (statistics.median(v) for v in res[n])
                 print(f"{n:<9} {nnz:>5} {page_size:>4}  {ev:>9.2f} {gr:>9.2f} {ku:>9.2f}  {ev - ku:>13.2f} {gr - ku:>12.2f}")
