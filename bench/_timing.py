@@ -117,7 +117,7 @@ def kernel_us(fns, flush, calls=50, rounds=3):
     the call without the ~3 us that CUDA events around a call add on an H200. The L2 is
     flushed before every call (the flush's own kernels, named by profiling it alone, are not
     counted); alternating rounds, the median over rounds of each round's mean per call.
-    None entries give NaN."""
+    None entries, and a profiler that records no device activity, give NaN."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -135,7 +135,8 @@ def kernel_us(fns, flush, calls=50, rounds=3):
                 flush()
                 fn()
             torch.cuda.synchronize()
-        return sum(e.time_range.elapsed_us() for e in device_events(prof) if e.name not in flush_names) / calls
+        us = [e.time_range.elapsed_us() for e in device_events(prof) if e.name not in flush_names]
+        return sum(us) / calls if us else float("nan")  # no device events: a profiler without CUPTI
 
     live = [i for i, fn in enumerate(fns) if fn is not None]
     per = {i: [] for i in live}

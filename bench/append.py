@@ -310,8 +310,11 @@ def _kernel_table(ctx, fi):
                             _copy_fn(2 * nnz * 576 * 2, dev),
                             lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
                             _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev)], flush)
-            t.add(nnz, page_size, us[0], us[1], us[2], us[1] / us[0], us[2] / us[0],
-                  us[3], us[4], us[5], us[4] / us[3], us[5] / us[3])
+            def x(a, b):
+                return a / b if b > 0 else float("nan")
+
+            t.add(nnz, page_size, us[0], us[1], us[2], x(us[1], us[0]), x(us[2], us[0]),
+                  us[3], us[4], us[5], x(us[4], us[3]), x(us[5], us[3]))
             del src, ckv, kpe, key, value, cache
     t.notes.append("x flashinfer / x copy_ = their kernel time / this op's (> 1: this op is faster); "
                    "L2 flushed before every call; medians of 3 alternating rounds of 50 calls")
