@@ -29,10 +29,13 @@ on:
     valid flags only after warpgroup 1 stored them (KvFull);
   - tile t+2 is loaded into stage t % 2 only after S(t), P V(t) of both
     warpgroups completed (KvEmpty, and warpgroup 1's own wait).
+The interleavings and clocks are tests/_barrier_sim.py's.
 No GPU involved:  python3 tests/_wgmma_barrier_model.py
 """
 
 import random
+
+from _barrier_sim import simulate, unordered
 
 # Arrivals that complete a phase of each mbarrier.
 ARRIVALS = {"PFree": 1, "Full0": 2, "Full1": 2}
@@ -102,91 +105,11 @@ def copies(n):
 
 def run(n, rng):
     early = frozenset(t for t in range(n) if rng.random() < 0.5)
-    seqs = [wg0(n, early), wg1(n), copies(n)]
-    actors = range(len(seqs))
-    pc, blocked = [0 for _ in actors], [False for _ in actors]
-    vc = [[0 for _ in actors] for _ in actors]
-    phase, ev = {}, {}
-    mdone, mnow = {}, {}  # mbarrier: completed phases; (arrivals, merged clock) of the open phase
-    mclock = {}  # (name, phase) -> merged clock of its arrivals
+    ev = simulate([wg0(n, early), wg1(n), copies(n)], ARRIVALS, rng, f"n={n}")
+    pairs = []
 
-    def merge(a, clock):
-        vc[a] = [max(x, y) for x, y in zip(vc[a], clock)]
-
-    def waiting(a):  # an mbarrier wait whose phase has not completed, or an event not yet happened
-        kind, name, tag = seqs[a][pc[a]]
-        if kind == "mwait":
-            return mdone.get(name, 0) < tag + 1
-        return kind in ("await", "await_only") and (name, tag) not in ev
-
-    while not all(pc[a] >= len(seqs[a]) for a in actors):
-        cand = [a for a in actors if pc[a] < len(seqs[a]) and not blocked[a] and not waiting(a)]
-        if not cand:
-            raise AssertionError(
-                f"n={n}: deadlock at {[seqs[a][pc[a]] if pc[a] < len(seqs[a]) else None for a in actors]}"
-            )
-        a = rng.choice(cand)
-        kind, name, tag = seqs[a][pc[a]]
-        vc[a][a] += 1
-        if kind == "ev":
-            ev.setdefault((name, tag), (a, list(vc[a])))  # first occurrence
-            pc[a] += 1
-            continue
-        if kind in ("await", "await_only"):
-            if kind == "await":
-                merge(a, ev[(name, tag)][1])
-            pc[a] += 1
-            continue
-        if kind == "marrive":
-            assert tag == mdone.get(name, 0), f"n={n}: {name} arrival for phase {tag} out of order"
-            count, clock = mnow.get(name, (0, [0 for _ in actors]))
-            count, clock = count + 1, [max(x, y) for x, y in zip(clock, vc[a])]
-            if count == ARRIVALS[name]:
-                mclock[(name, tag)] = clock
-                mdone[name] = tag + 1
-                mnow.pop(name, None)
-            else:
-                mnow[name] = (count, clock)
-            pc[a] += 1
-            continue
-        if kind == "mwait":
-            # try_wait.parity(tag & 1) would also pass (or hang) on phase tag + 2, ...
-            assert mdone[name] == tag + 1, f"n={n}: {name} phase {mdone[name] - 1} completed before the wait for {tag}"
-            merge(a, mclock[(name, tag)])
-            pc[a] += 1
-            continue
-        ph = phase.setdefault(name, [])  # a named barrier
-        assert all(x[0] != a for x in ph), (
-            f"n={n}: warpgroup {a} enters {name} twice in one phase"
-        )
-        ph.append((a, tag, kind, list(vc[a])))
-        if kind == "arrive":
-            pc[a] += 1
-        else:
-            blocked[a] = True
-        if len(ph) == 2:
-            assert ph[0][1] == ph[1][1], (
-                f"n={n}: {name} phase mixes tiles {ph[0][1]} and {ph[1][1]}"
-            )
-            m = [max(x, y) for x, y in zip(ph[0][3], ph[1][3])]
-            for x in ph:
-                if x[2] == "sync":
-                    merge(x[0], m)
-                    blocked[x[0]] = False
-                    pc[x[0]] += 1
-            phase[name] = []
-    assert all(not v for v in phase.values()), f"n={n}: unbalanced barrier {phase}"
-    assert not mnow, f"n={n}: mbarrier phases left open {mnow}"
-
-    bad = []
-
-    def need(
-        x, y
-    ):  # x happens before y (both must have occurred, or neither is checked)
-        if x in ev and y in ev:
-            (ax, vx), (_, vy) = ev[x], ev[y]
-            if not vx[ax] <= vy[ax]:
-                bad.append((x, y))
+    def need(x, y):  # x happens before y (both must have occurred, or neither is checked)
+        pairs.append((x, y))
 
     for t in range(n):
         assert ("load", t) in ev and ("PV0_issue", t) in ev and ("PV1_issue", t) in ev
@@ -199,6 +122,7 @@ def run(n, rng):
         need(("load", t), ("S_done", t))  # the valid flags, stored when the tile is issued
         for done in ("S_done", "PV0_done", "PV1_done"):
             need((done, t), ("load", t + 2))
+    bad = unordered(ev, pairs)
     assert not bad, f"n={n}: ordering not guaranteed: {bad}"
 
 

@@ -1,7 +1,8 @@
 """The wgmma decode kernel's barrier protocol, as tests/_wgmma_barrier_model.py
-transcribes it (no GPU): the protocol holds for every tile count, and the model
-still rejects the mistakes it exists to catch, so a change to either that
-weakens it fails here."""
+transcribes it, and the protocol designed for the seesaw kernel
+(research/decode/seesaw_model.py), both simulated by tests/_barrier_sim.py (no
+GPU): each holds for every tile count, and each model still rejects the
+mistakes it exists to catch, so a change to either that weakens it fails here."""
 
 import importlib.util
 import pathlib
@@ -66,3 +67,59 @@ def test_model_rejects_broken_protocols(model, broken, monkeypatch):
         monkeypatch.setattr(model, "wg0", lambda n, early=frozenset(): _free_without_wait(wg0(n, frozenset(range(n)))))
     with pytest.raises((AssertionError, KeyError)):
         _holds(model, seed=3, rounds=100)
+
+
+# The seesaw kernel's protocol, modelled before the kernel exists
+# (research/decode/seesaw_model.py, docs/design/2026-12-03-decode-seesaw.md).
+SEESAW = pathlib.Path(__file__).resolve().parents[1] / "research" / "decode" / "seesaw_model.py"
+
+
+@pytest.fixture()
+def seesaw():
+    spec = importlib.util.spec_from_file_location("seesaw_model", SEESAW)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_seesaw_protocol_holds_for_every_tile_count(seesaw):
+    seesaw.holds(seed=5, rounds=60)
+
+
+def _drop(ops, pred):
+    return [op for op in ops if not pred(op)]
+
+
+def _refill_k0_right_early(ops):
+    # warpgroup 1 refills stage b's right half without first waiting for its products to complete
+    # (the two completions just before the refill dropped; they still happen at its last wait)
+    return [op for i, op in enumerate(ops)
+            if not (op[:2] == ("ev", "O1_done") and any(o[1].startswith("load") for o in ops[i + 1:i + 3]))]
+
+
+@pytest.mark.parametrize("broken", ["no_o1_issued", "first_box_only", "refill_before_done", "read_sm_early",
+                                    "wrong_phase"])
+def test_seesaw_model_rejects_broken_protocols(seesaw, broken, monkeypatch):
+    wg0, wg1 = seesaw.wg0, seesaw.wg1
+    if broken == "no_o1_issued":  # warpgroup 0 reads sP1 without waiting for warpgroup 1 to have written it
+        monkeypatch.setattr(seesaw, "wg0", lambda n: _drop(wg0(n), lambda op: op[1] == "O1Issued"))
+        monkeypatch.setattr(seesaw, "wg1", lambda n: _drop(wg1(n), lambda op: op[1] == "O1Issued"))
+    elif broken == "first_box_only":  # S over a tile once its first box has landed
+        monkeypatch.setattr(seesaw, "wg0", lambda n: _drop(
+            wg0(n), lambda op: op[0] == "mwait" and not op[1].endswith(".0")))
+    elif broken == "refill_before_done":
+        monkeypatch.setattr(seesaw, "wg1", lambda n: _refill_k0_right_early(wg1(n)))
+    elif broken == "read_sm_early":  # warpgroup 1 reads the row maximum before warpgroup 0 has written it
+        def early(n):
+            ops = wg1(n)
+            for i, op in enumerate(ops):
+                if op[:2] == ("ev", "sM_read1"):
+                    j = max(j for j in range(i) if ops[j][:2] == ("sync", "Scale0Ready"))
+                    ops.insert(j, ops.pop(i))
+            return ops
+        monkeypatch.setattr(seesaw, "wg1", early)
+    else:  # waits for a box one phase late
+        monkeypatch.setattr(seesaw, "wg1", lambda n: [
+            (k, b, t + 1) if k == "mwait" else (k, b, t) for k, b, t in wg1(n)])
+    with pytest.raises((AssertionError, KeyError)):
+        seesaw.holds(seed=3, rounds=40)
