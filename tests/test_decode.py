@@ -659,6 +659,46 @@ def test_gpu_64_row_tiles_by_either_kernel_in_a_fresh_process(kernel):
     assert ran == {want}, f"expected only the {want} kernel for 64-row tiles, the profiler saw: {sorted(ran)}"
 
 
+SEESAW_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
+from test_decode import make_batch, run_wrapper, run_forced_chunk, check
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for heads, qo, page, dtype in [(128, 1, 64, torch.bfloat16), (128, 2, 64, torch.float16),
+                                   (32, 1, 128, torch.bfloat16), (16, 4, 64, torch.bfloat16),
+                                   (128, 1, 16, torch.bfloat16)]:
+        d = make_batch([1, 63, 64, 65, 700, 0, 2000, 129], [qo] * 8, page, heads, dtype, "cuda",
+                       seed=heads + qo + page)
+        (out, lse), scale = run_wrapper(d, causal=qo > 1)
+        torch.cuda.synchronize()
+        check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=f"h={heads} qo={qo} page={page} {dtype}")
+    # Split requests (partials and the combine), bad page ids, odd and even tile counts.
+    for chunk in (64, 128, 192):
+        d = make_batch([1000, 64, 65, 0, 129, 3, 257], [1, 2, 1, 1, 3, 1, 1], 64, 128, torch.bfloat16, "cuda",
+                       seed=43 + chunk)
+        idx = d["kv_indices"].clone()
+        idx[3] = -1
+        idx[5] = 10 ** 6
+        d["kv_indices"] = idx
+        out, lse = run_forced_chunk(d, chunk, 0.1, True)
+        torch.cuda.synchronize()
+        check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what=f"forced chunk {chunk}, bad pages")
+names = {e.name for e in prof.events() if "mla_decode" in e.name}
+print("kernels:", " ".join(sorted("seesaw" if "seesaw" in n else "wgmma" if "wgmma" in n else
+                                  "mma" if "mma_kernel" in n else "other" for n in names)), flush=True)
+"""
+
+
+@requires_cuda
+def test_gpu_seesaw_kernel_in_a_fresh_process():
+    # MLACORE_DECODE_KERNEL=seesaw (read once per process) runs 64-row tiles over pages of 64-token
+    # multiples on the seesaw kernel on an sm_90a build, other page sizes on the wgmma kernel; the
+    # outputs against the reference, the profiler names what ran.
+    ran = kernels_in_fresh_process(SEESAW_SCRIPT, "MLACORE_DECODE_KERNEL", "seesaw", ignore=("other",))
+    want = {"seesaw", "wgmma"} if torch.cuda.get_device_capability() == (9, 0) else {"mma"}
+    assert ran == want, f"expected {sorted(want)}, the profiler saw: {sorted(ran)}"
+
+
 @requires_cuda
 @pytest.mark.parametrize("chunk", [64, 192])
 @pytest.mark.parametrize("backend_portable", [False, True])

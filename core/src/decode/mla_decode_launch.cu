@@ -3,7 +3,9 @@
 //  - up to 16 query rows per request: the mma.sync kernel, one 16-row group;
 //  - 64-row tiles: the wgmma kernel on sm_90a (mla_decode_sm90.cu), else the
 //    mma.sync kernel's 64-row configuration (MLACORE_DECODE_KERNEL=mma keeps
-//    them there on sm_90a too);
+//    them there on sm_90a too; MLACORE_DECODE_KERNEL=seesaw tries the seesaw
+//    kernel, mla_decode_seesaw.cu, first, for page sizes of 64-token
+//    multiples);
 //  - HIP, a device whose shared memory per block the tiled kernels do not
 //    fit, or MLACORE_DECODE_PORTABLE: the portable kernel.
 // All of them write the same outputs and partials; the combine merges the
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "decode/mla_decode_seesaw.h"
 #include "decode/mla_decode_sm90.h"
 #endif
 
@@ -27,15 +30,30 @@ namespace mlacore {
 namespace {
 
 #if defined(MLACORE_GPU_CUDA)
-// MLACORE_DECODE_KERNEL=mma keeps 64-row tiles on the mma.sync kernel on
-// sm_90a too (A/B comparisons, a fallback in the field); unset or "wgmma",
-// the wgmma kernel (mla_decode_sm90.cu) is tried first. Read once.
-bool wgmma_decode_enabled() {
-  static const bool enabled = [] {
+// MLACORE_DECODE_KERNEL for 64-row tiles on sm_90a: "mma" keeps them on the
+// mma.sync kernel (A/B comparisons, a fallback in the field); "seesaw" tries
+// the seesaw kernel (mla_decode_seesaw.cu) first; unset or anything else, the
+// wgmma kernel (mla_decode_sm90.cu). Read once.
+enum class TileKernel { Wgmma, Mma, Seesaw };
+
+TileKernel tile_kernel() {
+  static const TileKernel kernel = [] {
     const char* v = std::getenv("MLACORE_DECODE_KERNEL");
-    return !(v && std::strcmp(v, "mma") == 0);
+    if (v && std::strcmp(v, "mma") == 0) return TileKernel::Mma;
+    if (v && std::strcmp(v, "seesaw") == 0) return TileKernel::Seesaw;
+    return TileKernel::Wgmma;
   }();
-  return enabled;
+  return kernel;
+}
+
+// The sm_90a kernels for 64-row tiles, in the order tile_kernel() asks; false
+// when none of them serves the call (nothing launched).
+template <class Idx>
+bool launch_tiles_sm90(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
+  const TileKernel kernel = tile_kernel();
+  if (kernel == TileKernel::Mma) return false;
+  if (kernel == TileKernel::Seesaw && launch_mla_decode_seesaw(p, bf16, stream)) return true;
+  return launch_mla_decode_sm90(p, bf16, stream);
 }
 #endif
 
@@ -47,8 +65,8 @@ void launch_decode(const DecodeParams<Idx>& p, bool bf16, bool portable, gpuStre
     const int groups = mla_decode_mma_groups(decode_partial_rows(p.max_qo_len, p.num_heads), p.device);
     if (groups == 0) {
       portable = true;
-    } else if (!(groups == 4 && wgmma_decode_enabled() && launch_mla_decode_sm90(p, bf16, stream))) {
-      // The wgmma kernel declines (launching nothing) off sm_90a.
+    } else if (!(groups == 4 && launch_tiles_sm90(p, bf16, stream))) {
+      // The sm_90a kernels decline (launching nothing) off sm_90a.
       launch_mla_decode_mma(p, bf16, groups, stream);
     }
   }

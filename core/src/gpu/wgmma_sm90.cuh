@@ -141,6 +141,22 @@ __device__ __forceinline__ void st_pair(uint32_t block, int row, int col, uint32
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
 }
 
+// The register A operand of four k16 steps over one 64-column K-major block
+// at `block` (64 rows): a[4 kt + m] holds row acc_row + 8 (m & 1), columns
+// 16 kt + 8 (m >> 1) + 2 (lane % 4) + {0, 1}, the layout acc_to_a builds.
+__device__ __forceinline__ void load_a_block(uint32_t block, int wg_tid, uint32_t (&a)[16]) {
+  const int row = acc_row(wg_tid, 0), c2 = 2 * (wg_tid & 3);
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int r = row + 8 * (m & 1), col = 16 * kt + 8 * (m >> 1) + c2;
+      const uint32_t addr = block + sw128(static_cast<uint32_t>(r), static_cast<uint32_t>(col) >> 3) + (col & 7) * 2;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(a[4 * kt + m]) : "r"(addr) : "memory");
+    }
+  }
+}
+
 // Pins an accumulator register at this point of the program: the compiler
 // must not move reads of wgmma results above the wait that makes them valid,
 // nor writes below the wgmma that consumes them.
@@ -198,6 +214,21 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
                "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                    \
                : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24) \
                : "l"(desc_a), "l"(desc_b), "r"(1)                                                    \
+               : "memory")
+
+// D[64x64] += A[64x16] * B[16x64]: A from registers (a[0..3], the fragment
+// load_a_block reads), B K-major in shared memory (the seesaw decode kernel's
+// S over Q's rope block, which it holds in registers).
+#define MLACORE_WGMMA_M64N64K16_RS(AB)                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " {"                          \
+               "%0, %1, %2, %3, %4, %5, %6, %7, "                                                    \
+               "%8, %9, %10, %11, %12, %13, %14, %15, "                                              \
+               "%16, %17, %18, %19, %20, %21, %22, %23, "                                            \
+               "%24, %25, %26, %27, %28, %29, %30, %31"                                              \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                     \
+               : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)                      \
                : "memory")
 
 // The 128 accumulator operands of an m64n256 wgmma as asm text (%0..%127).
@@ -258,6 +289,12 @@ __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t desc_a
 }
 
 template <bool kBf16>
+__device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t* a, uint64_t desc_b) {
+  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_RS("bf16");
+  else MLACORE_WGMMA_M64N64K16_RS("f16");
+}
+
+template <bool kBf16>
 __device__ __forceinline__ void mma_m64n256k16_ss_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
   if constexpr (kBf16) MLACORE_WGMMA_M64N256K16_SS_TB("bf16");
   else MLACORE_WGMMA_M64N256K16_SS_TB("f16");
@@ -273,6 +310,7 @@ __device__ __forceinline__ void mma_m64n256k16_rs_tb(float (&d)[128], const uint
 #undef MLACORE_WGMMA_M64N256K16_SS_TB
 #undef MLACORE_WGMMA_D128_TEXT
 #undef MLACORE_WGMMA_ACC128
+#undef MLACORE_WGMMA_M64N64K16_RS
 #undef MLACORE_WGMMA_M64N64K16_SS
 #undef MLACORE_WGMMA_ACC8
 

@@ -1,0 +1,512 @@
+// MLA decode with wgmma (sm_90a) in FlashMLA's pair structure, the "seesaw",
+// for 64-row query tiles over caches whose page size is a multiple of 64.
+// KV tiles go in pairs, tile b in stage 0 and b + 1 in stage 1. Warpgroup 0
+// computes S = Q K^T, the softmax and P for tile b; warpgroup 1 for tile
+// b + 1, after warpgroup 0 (the row maximum is shared, in sM). O's columns
+// are halved between them as in mla_decode_sm90.cu: each multiplies its own
+// P (registers) by its half of V of its own tile, and the other's P (shared
+// memory) by its half of V of the other tile. A stage arrives as nine
+// 64 x 64 TMA boxes with an mbarrier each; the warpgroup that has just freed
+// a half of a stage refills it, and the next S runs box by box in the order
+// of the refills. Same contract, schedule, epilogue and combine as the wgmma
+// kernel. Design: docs/design/2026-12-03-decode-seesaw.md; the barrier
+// protocol is research/decode/seesaw_model.py's, whose op lists the loops
+// below follow (change both together).
+// Selected only with MLACORE_DECODE_KERNEL=seesaw (mla_decode_launch.cu).
+#include "gpu/compat.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "plan/schedule.h"
+#include "gpu/tma_map.h"
+#include "gpu/tma_sm90.cuh"
+#include "gpu/wgmma_sm90.cuh"
+#include "decode/mla_decode.h"
+#include "decode/mla_decode_device.cuh"
+#include "decode/mla_decode_seesaw.h"
+#include "decode/mla_decode_sm90_epilogue.cuh"
+
+namespace mlacore {
+namespace {
+
+namespace wg = wgmma;
+
+constexpr int kThreads = 256;
+constexpr int kRows = kDecodeTileRows;
+constexpr int kTok = kDecodeTileTokens;
+constexpr int kBlocks = kQkDim / 64;               // 64-column boxes of a tile (the ninth: kpe)
+constexpr int kLeft = kCkvDim / 2 / 64;            // boxes of V's left half: warpgroup 0's columns of O
+constexpr int kBlockBytes = 64 * 128;
+// compute_s's box ranges: from box 0 or kLeft, kLeft, kBlocks - kLeft or all of them.
+using Box0 = std::integral_constant<int, 0>;
+using BoxRight = std::integral_constant<int, kLeft>;
+using LeftBoxes = std::integral_constant<int, kLeft>;
+using RightBoxes = std::integral_constant<int, kBlocks - kLeft>;
+using AllBoxes = std::integral_constant<int, kBlocks>;
+constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
+// Named barriers: one side arrives, the other waits (ids 1..4); 5 and 6 are
+// the warpgroups' own (128 threads).
+constexpr int kBarScale0 = 1;  // 0 -> 1: sM and sScale0 of tile b written
+constexpr int kBarScale1 = 2;  // 1 -> 0: sM and sScale1 of tile b + 1 written
+constexpr int kBarP0 = 3;      // 0 -> 1: sP0 written
+constexpr int kBarO1 = 4;      // 1 -> 0: sP1 written and warpgroup 1's product with sP0 issued
+constexpr int kBarOwn = 5;     // + warpgroup: its 128 threads
+// Shared memory, bytes from a 1024-aligned base.
+constexpr int kOffQ = 0;
+constexpr int kOffP1 = kOffQ + (kBlocks - 1) * kBlockBytes;  // Q's rope block, held in registers
+constexpr int kOffK = kOffQ + kTileBytes;                   // stage s at kOffK + s * kTileBytes
+constexpr int kOffP0 = kOffK + 2 * kTileBytes;
+constexpr int kOffM = kOffP0 + kBlockBytes;     // float[kRows]: the running row maximum (base 2)
+constexpr int kOffScale0 = kOffM + kRows * 4;   // float[kRows]: tile b's rescale factor
+constexpr int kOffScale1 = kOffScale0 + kRows * 4;
+constexpr int kOffSum = kOffScale1 + kRows * 4;  // float[2][kRows]: each warpgroup's row sums
+constexpr int kOffBar = kOffSum + 2 * kRows * 4;  // uint64[2][kBlocks]: a box's mbarrier
+constexpr int kSmemUsed = kOffBar + 2 * kBlocks * 8;
+constexpr int kSmem = kSmemUsed + 1024;
+static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per block (227 KB)");
+static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles");
+static_assert(kOffK % 1024 == 0 && kOffP0 % 1024 == 0 && kOffP1 % 1024 == 0, "swizzle atoms on 1 KB");
+static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(kRows * kCkvDim * 4 <= 2 * kTileBytes, "the fp32 O tile fits the two stages");
+
+// The page of a tile: its box coordinates, and whether its page id is valid
+// (an invalid one reads the out-of-bounds page `pages`: zeros).
+struct TilePage {
+  int32_t page, off;
+  bool valid;
+};
+
+template <bool kBf16, class Idx>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_seesaw_kernel(const __grid_constant__ DecodeParams<Idx> p, const __grid_constant__ CUtensorMap ckv_map,
+                             const __grid_constant__ CUtensorMap kpe_map) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
+  constexpr int kOCols = kCkvDim / 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t s_base = smem_addr(smem);
+  const uint32_t s_q = s_base + kOffQ, s_p0 = s_base + kOffP0, s_p1 = s_base + kOffP1;
+  float* s_m = reinterpret_cast<float*>(smem + kOffM);
+  float* s_scale0 = reinterpret_cast<float*>(smem + kOffScale0);
+  float* s_scale1 = reinterpret_cast<float*>(smem + kOffScale1);
+  float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
+  auto stage = [s_base](int64_t t) { return s_base + kOffK + static_cast<uint32_t>(t & 1) * kTileBytes; };
+  auto box_bar = [s_base](int64_t t, int j) {
+    return s_base + kOffBar + 8 * (static_cast<uint32_t>(t & 1) * kBlocks + j);
+  };
+
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const int H = p.num_heads;
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
+  const CtaCoord cta = cta_coord(decode_query_tiles(rows_cap, kRows));
+  const ItemView item = read_item(p, cta.item);
+  if (!item.ok) return;
+  const int64_t rows = item.qo_len * H;
+  const int64_t row0 = cta.tile * kRows;
+  if (row0 >= rows) return;
+
+  const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
+  const bool leader = wtid == 0;  // issues its warpgroup's box loads and byte-count arrivals
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+  const ItemPages<Idx> lookup(p.pages, item);
+  const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
+
+  // ---- steps ----
+  auto tile_page = [&](int64_t t) {
+    const PageRef r = lookup(item.begin + t * kTok);
+    const bool valid = r.page >= 0 && r.page < p.pages.num_pages;
+    return TilePage{valid ? r.page : static_cast<int32_t>(p.pages.num_pages), r.off, valid};
+  };
+  // load_kv: boxes [lo, hi) of tile t into its stage (the leader alone).
+  auto load_kv = [&](int64_t t, const TilePage& tp, int lo, int hi) {
+    if (!leader) return;
+#pragma unroll 1
+    for (int j = lo; j < hi; ++j) {
+      const uint32_t dst = stage(t) + j * kBlockBytes;
+      if (j < kBlocks - 1) tma::load_3d(dst, &ckv_map, 64 * j, tp.off, tp.page, box_bar(t, j));
+      else tma::load_3d(dst, &kpe_map, 0, tp.off, tp.page, box_bar(t, j));
+    }
+  };
+  // compute_s: S += Q K^T over `count` boxes of tile t from box `start` on
+  // (wrapping past the last), each box waited for (the leader first arrives
+  // with its byte count) before its four k-steps; Q's rope block comes from
+  // registers. One commit group. (start and count are std::integral_constant:
+  // the loop unrolls, and q_rope stays in registers.)
+  const uint64_t desc_q = wg::desc_k_sw128(s_q);
+  uint32_t q_rope[16];
+  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c) {
+    constexpr int start = decltype(start_c)::value, count = decltype(count_c)::value;
+    const uint64_t desc_k = wg::desc_k_sw128(stage(t));
+    const uint32_t parity = static_cast<uint32_t>((t >> 1) & 1);
+    wg::fence_regs(s);
+#pragma unroll
+    for (int i = 0; i < count; ++i) {
+      const int j = (start + i) % kBlocks;
+      if (leader) tma::arrive_expect_tx(box_bar(t, j), kBlockBytes);
+      wg::mbar_wait(box_bar(t, j), parity);
+      // A wgmma.fence of its own after the wait, on every path: without it
+      // ptxas inserts one on the wait loop's path and serializes every wgmma.
+      wg::fence();
+#pragma unroll
+      for (int kk = 4 * j; kk < 4 * j + 4; ++kk) {
+        const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
+        if (j < kBlocks - 1) wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+        else wg::mma_m64n64k16_rs<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
+      }
+    }
+    wg::commit();
+  };
+  // The two rows (of the 64) this thread holds in every accumulator, and the
+  // first KV position each may not see.
+  const int r_lo = wg::acc_row(wtid, 0);
+  int64_t limit[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t grow = row0 + r_lo + 8 * i;
+    const int64_t t = grow / H;
+    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
+    lim = lim < item.end ? lim : item.end;
+    limit[i] = grow < rows ? lim : 0;
+  }
+  // softmax: mask and scale tile t's scores, the new row maxima to sM and
+  // the factor from the old ones to s_scale; s becomes P (base 2, against
+  // the new maxima) and l = l * alpha + its row sums (this thread's columns).
+  auto softmax = [&](float(&s)[kTok / 2], int64_t t, bool valid, float* s_scale, float(&alpha)[2], float(&l)[2]) {
+    const int64_t ts = item.begin + t * kTok;
+    int lim[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t d = valid ? limit[i] - ts : 0;
+      lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (__all_sync(0xffffffffu, lim[0] == kTok && lim[1] == kTok)) {
+#pragma unroll
+      for (int e = 0; e < kTok / 2; ++e) {
+        s[e] *= p.scale_log2;
+        mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kTok / 2; ++e) {
+        const int i = (e >> 1) & 1;
+        s[e] = wg::acc_col(wtid, e) < lim[i] ? s[e] * p.scale_log2 : -INFINITY;
+        mx[i] = fmaxf(mx[i], s[e]);
+      }
+    }
+    float m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_old = s_m[r_lo + 8 * i];
+      const float m_new = fmaxf(m_old, mx[i]);
+      // A row that has seen nothing valid keeps -inf; exponentiate against 0, no inf - inf.
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = m_old == m_new ? 1.f : fast_exp2(m_old - m_new);
+      l[i] *= alpha[i];
+      mx[i] = m_new;
+    }
+    __syncwarp();  // the warp's rows are its own: every lane has read sM before it changes
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        s_m[r_lo + 8 * i] = mx[i];
+        s_scale[r_lo + 8 * i] = alpha[i];
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kTok / 2; ++e) {
+      const int i = (e >> 1) & 1;
+      s[e] = fast_exp2(s[e] - m_use[i]);
+      l[i] += s[e];
+    }
+  };
+  // zero_v: the rows of tile t past the item, in boxes [lo, hi), zeroed (a
+  // page's rows past the request are stale, and NaN there would survive a
+  // zero probability); then published to this warpgroup's wgmma.
+  auto zero_v = [&](int64_t t, int lo, int hi) {
+    const int64_t left = item.end - (item.begin + t * kTok);
+    if (left >= kTok) return;
+    const int first = left < 0 ? 0 : static_cast<int>(left);
+    const int per_row = (hi - lo) * 8;
+    for (int idx = wtid; idx < (kTok - first) * per_row; idx += 128) {
+      const int r = first + idx / per_row, j = lo + (idx % per_row) / 8, c = idx % 8;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage(t) + j * kBlockBytes + wg::sw128(r, c)),
+                   "r"(0u)
+                   : "memory");
+    }
+    wg::fence_proxy_async();
+    wg::bar_sync(kBarOwn + g, 128);
+  };
+  // O's products over 16-token k-steps: P from registers, or P from shared
+  // memory, times this warpgroup's half of V in tile t's stage. Commit each.
+  const uint64_t desc_p[2] = {wg::desc_k_sw128(s_p0), wg::desc_k_sw128(s_p1)};
+  auto v_desc = [&](int64_t t) { return wg::desc_mn_sw128(stage(t) + g * kLeft * kBlockBytes, kBlockBytes); };
+  float o[kOCols / 2];
+  uint32_t pk[kTok / 4];  // this warpgroup's P as the register A operand
+  auto product_own = [&](int64_t t) {
+    wg::fence_regs(o);
+    wg::fence_regs(pk);
+    wg::fence();
+    const uint64_t dv = v_desc(t);
+#pragma unroll
+    for (int kt = 0; kt < kTok / 16; ++kt)
+      wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv + (wg::mn_major_step(kt) >> 4));
+    wg::commit();
+  };
+  auto product_other = [&](int64_t t, int which_p) {
+    wg::fence_regs(o);
+    wg::fence();
+    const uint64_t dv = v_desc(t);
+#pragma unroll
+    for (int kt = 0; kt < kTok / 16; ++kt)
+      wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p[which_p] + (wg::k_major_step(kt, kRows) >> 4),
+                                      dv + (wg::mn_major_step(kt) >> 4));
+    wg::commit();
+  };
+  auto rescale_o = [&](float a0, float a1) {
+#pragma unroll
+    for (int j = 0; j < kOCols / 8; ++j) {
+      o[4 * j] *= a0;
+      o[4 * j + 1] *= a0;
+      o[4 * j + 2] *= a1;
+      o[4 * j + 3] *= a1;
+    }
+  };
+  // store_p: P (scaled by f per row) into the shared block at `block`, published by the caller's barrier.
+  auto store_p = [&](const float(&s)[kTok / 2], uint32_t block, float f0, float f1) {
+#pragma unroll
+    for (int j = 0; j < kTok / 8; ++j) {
+      const int col = wg::acc_col(wtid, 4 * j);
+      wg::st_pair(block, r_lo, col, pack2<kBf16>(s[4 * j] * f0, s[4 * j + 1] * f0));
+      wg::st_pair(block, r_lo + 8, col, pack2<kBf16>(s[4 * j + 2] * f1, s[4 * j + 3] * f1));
+    }
+    wg::fence_proxy_async();
+  };
+
+  // ---- prologue ----
+  if (tid == 0) {
+    for (int j = 0; j < 2 * kBlocks; ++j) wg::mbar_init(s_base + kOffBar + 8 * j, 1);
+    tma::fence_barrier_init();
+  }
+  // Q -> shared (zero rows past the request), eight threads a row.
+  constexpr int kQRowsPerPass = kThreads / 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
+    const int r = pass * kQRowsPerPass + (tid >> 3);
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
+    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
+      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    }
+  }
+  cp_async_commit();
+  if (tid < kRows) s_m[tid] = -INFINITY;
+  cp_async_wait_all();
+  wg::fence_proxy_async();
+  __syncthreads();  // the mbarriers, Q and sM
+  wg::load_a_block(s_q + (kBlocks - 1) * kBlockBytes, wtid, q_rope);
+
+  TilePage own = tile_page(g);  // the page of this warpgroup's first tile (0 or 1)
+  if (g == 0 && n_tiles > 0) {
+    load_kv(0, own, 0, kBlocks);
+    if (n_tiles > 1) {
+      const TilePage second = tile_page(1);
+      load_kv(1, second, kLeft, kBlocks);
+      load_kv(1, second, 0, kLeft);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
+  float s[kTok / 2], l[2] = {0.f, 0.f}, alpha[2], other[2];
+  if (g < n_tiles) {
+#pragma unroll
+    for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
+    if (g == 0) {
+      compute_s(s, 0, Box0{}, AllBoxes{});
+    } else {
+      compute_s(s, 1, BoxRight{}, AllBoxes{});  // the right half first, as it was loaded
+    }
+    wg::wait<0>();
+    wg::fence_regs(s);
+  }
+
+  // ---- pairs of tiles ----
+  for (int64_t b = 0; b < n_tiles; b += 2) {
+    if (g == 0) {
+      // -------- warpgroup 0: tile b --------
+      softmax(s, b, own.valid, s_scale0, alpha, l);
+      rescale_o(alpha[0], alpha[1]);
+      wg::acc_to_a<kBf16>(s, pk);
+      wg::bar_arrive(kBarScale0, kThreads);
+      zero_v(b, 0, kLeft);
+      product_own(b);
+      wg::wait<0>();
+      wg::fence_regs(o);
+      wg::fence_regs(pk);
+      wg::bar_sync(kBarScale1, kThreads);
+      TilePage next = own;
+      if (b + 2 < n_tiles) {
+        next = tile_page(b + 2);
+        load_kv(b + 2, next, 0, kLeft);
+      }
+      other[0] = s_scale1[r_lo];
+      other[1] = s_scale1[r_lo + 8];
+      store_p(s, s_p0, other[0], other[1]);  // P of tile b against tile b + 1's maxima
+      wg::bar_arrive(kBarP0, kThreads);
+      l[0] *= other[0];
+      l[1] *= other[1];
+      if (b + 1 < n_tiles) {
+        wg::bar_sync(kBarO1, kThreads);
+        zero_v(b + 1, 0, kLeft);
+        rescale_o(other[0], other[1]);
+        product_other(b + 1, 1);
+      }
+      if (b + 2 < n_tiles) {
+#pragma unroll
+        for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
+        compute_s(s, b + 2, Box0{}, LeftBoxes{});
+      }
+      if (b + 3 < n_tiles) {
+        wg::wait<1>();  // the product with sP1, not the S just issued
+        wg::fence_regs(o);
+        load_kv(b + 3, tile_page(b + 3), 0, kLeft);
+      }
+      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightBoxes{});
+      wg::wait<0>();
+      wg::fence_regs(o);
+      wg::fence_regs(s);
+      own = next;
+    } else {
+      // -------- warpgroup 1: tile b + 1 --------
+      wg::bar_sync(kBarScale0, kThreads);
+      other[0] = s_scale0[r_lo];
+      other[1] = s_scale0[r_lo + 8];
+      l[0] *= other[0];
+      l[1] *= other[1];
+      if (b + 1 < n_tiles) {
+        // Nothing is in flight here; the wait tells ptxas so (without it,
+        // C7515: it serializes every wgmma of the kernel).
+        wg::wait<0>();
+        wg::fence_regs(s);
+        softmax(s, b + 1, own.valid, s_scale1, alpha, l);
+      } else {  // no tile b + 1: the maxima stay
+        alpha[0] = alpha[1] = 1.f;
+        if ((lane & 3) == 0) s_scale1[r_lo] = s_scale1[r_lo + 8] = 1.f;
+      }
+      rescale_o(other[0] * alpha[0], other[1] * alpha[1]);
+      wg::bar_arrive(kBarScale1, kThreads);
+      if (b + 1 < n_tiles) {
+        wg::acc_to_a<kBf16>(s, pk);
+        store_p(s, s_p1, 1.f, 1.f);
+        zero_v(b + 1, kLeft, 2 * kLeft);
+        product_own(b + 1);
+      }
+      wg::bar_sync(kBarP0, kThreads);
+      zero_v(b, kLeft, 2 * kLeft);
+      product_other(b, 0);
+      if (b + 1 < n_tiles) wg::bar_arrive(kBarO1, kThreads);
+      TilePage next = own;
+      if (b + 3 < n_tiles) {
+        wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
+        wg::fence_regs(pk);
+        next = tile_page(b + 3);
+        load_kv(b + 3, next, kLeft, kBlocks);
+      }
+      wg::wait<0>();
+      wg::fence_regs(o);
+      if (b + 2 < n_tiles) load_kv(b + 2, tile_page(b + 2), kLeft, kBlocks);
+      if (b + 3 < n_tiles) {
+#pragma unroll
+        for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
+        compute_s(s, b + 3, BoxRight{}, AllBoxes{});  // its own right half was refilled first
+      }
+      wg::wait<0>();
+      wg::fence_regs(o);
+      wg::fence_regs(pk);
+      wg::fence_regs(s);
+      own = next;
+    }
+  }
+
+  // ---- row sums of both warpgroups, then O ----
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  if ((lane & 3) == 0) {
+    s_sum[g * kRows + r_lo] = l[0];
+    s_sum[g * kRows + r_lo + 8] = l[1];
+  }
+  __syncthreads();
+  if (tid < kRows) s_sum[tid] += s_sum[kRows + tid];
+  const float m_row[2] = {s_m[r_lo], s_m[r_lo + 8]};
+  __syncthreads();
+  store_o_tile<kBf16>(p, item, row0, rows, rows_cap, reinterpret_cast<float*>(smem + kOffK), s_sum, m_row, o, tid);
+#else
+  // Compiled for a target without wgmma: the launcher never launches it.
+  (void)p;
+  (void)ckv_map;
+  (void)kpe_map;
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
+#endif  // MLACORE_WGMMA_ENABLED
+}
+
+constexpr bool kBuiltForSm90a =
+#if defined(MLACORE_HAVE_SM90A)
+    true;
+#else
+    false;
+#endif
+
+template <bool kBf16, class Idx>
+bool launch_typed(const DecodeParams<Idx>& p, gpuStream_t stream) {
+  if (!kBuiltForSm90a) return false;
+  const int64_t page_size = p.pages.page_size, pages = p.pages.num_pages;
+  if (page_size < kTok || page_size % kTok != 0 || page_size > (int64_t{1} << 30)) return false;
+  if (pages < 1 || pages > 0x7ffffffe) return false;  // box coordinates are int32, `pages` itself the zero page
+  auto kernel = mla_decode_seesaw_kernel<kBf16, Idx>;
+  if (gpu::device_attribute<cudaDevAttrComputeCapabilityMajor>(p.device) != 9 ||
+      gpu::device_attribute<cudaDevAttrComputeCapabilityMinor>(p.device) != 0 ||
+      gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
+    return false;
+  const int binary = gpu::once_per_device(p.device, [kernel] { return gpu::binary_version(kernel); });
+  if (binary != 90) return false;
+  // Element strides -> bytes (16-bit elements); the encoder refuses what TMA cannot read.
+  CUtensorMap ckv_map, kpe_map;
+  if (!tma::encode_kv_map(&ckv_map, p.ckv, kBf16, kCkvDim, page_size, pages, 2 * p.ckv_stride_tok,
+                          2 * p.ckv_stride_page) ||
+      !tma::encode_kv_map(&kpe_map, p.kpe, kBf16, kKpeDim, page_size, pages, 2 * p.kpe_stride_tok,
+                          2 * p.kpe_stride_page))
+    return false;
+  gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "cudaFuncSetAttribute(mla_decode_seesaw_kernel)");
+  const int64_t rows_cap = decode_partial_rows(p.max_qo_len, p.num_heads);
+  kernel<<<decode_tiled_grid(p.max_work, rows_cap, kRows), kThreads, kSmem, stream>>>(p, ckv_map, kpe_map);
+  gpu::check_launch("mla_decode_seesaw_kernel");
+  return true;
+}
+
+}  // namespace
+
+template <class Idx>
+bool launch_mla_decode_seesaw(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
+  return bf16 ? launch_typed<true>(p, stream) : launch_typed<false>(p, stream);
+}
+
+template bool launch_mla_decode_seesaw<int32_t>(const DecodeParams<int32_t>&, bool, gpuStream_t);
+template bool launch_mla_decode_seesaw<int64_t>(const DecodeParams<int64_t>&, bool, gpuStream_t);
+
+}  // namespace mlacore
