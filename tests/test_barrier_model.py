@@ -13,12 +13,16 @@ import pytest
 MODEL = pathlib.Path(__file__).resolve().parent / "_wgmma_barrier_model.py"
 
 
-@pytest.fixture()
-def model():
-    spec = importlib.util.spec_from_file_location("wgmma_barrier_model", MODEL)
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
+
+
+@pytest.fixture()
+def model():
+    return _load(MODEL, "wgmma_barrier_model")
 
 
 def _holds(m, seed, rounds=200):
@@ -69,17 +73,14 @@ def test_model_rejects_broken_protocols(model, broken, monkeypatch):
         _holds(model, seed=3, rounds=100)
 
 
-# The seesaw kernel's protocol, modelled before the kernel exists
-# (research/decode/seesaw_model.py, docs/design/2026-12-03-decode-seesaw.md).
+# The seesaw kernel's protocol (core/src/decode/mla_decode_seesaw.cu), as
+# research/decode/seesaw_model.py transcribes it.
 SEESAW = pathlib.Path(__file__).resolve().parents[1] / "research" / "decode" / "seesaw_model.py"
 
 
 @pytest.fixture()
 def seesaw():
-    spec = importlib.util.spec_from_file_location("seesaw_model", SEESAW)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return _load(SEESAW, "seesaw_model")
 
 
 def test_seesaw_protocol_holds_for_every_tile_count(seesaw):

@@ -25,7 +25,7 @@
 #include "decode/mla_decode.h"
 #include "decode/mla_decode_device.cuh"
 #include "decode/mla_decode_seesaw.h"
-#include "decode/mla_decode_sm90_epilogue.cuh"
+#include "decode/mla_decode_sm90_steps.cuh"
 
 namespace mlacore {
 namespace {
@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_seesaw_kernel(const __grid_constant__ DecodeParams<Idx> p, const __grid_constant__ CUtensorMap ckv_map,
                              const __grid_constant__ CUtensorMap kpe_map) {
 #if defined(MLACORE_WGMMA_ENABLED)
-  constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
   constexpr int kOCols = kCkvDim / 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -109,8 +108,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
   const bool leader = wtid == 0;  // issues its warpgroup's box loads and byte-count arrivals
-  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
-  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
   const ItemPages<Idx> lookup(p.pages, item);
   const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
 
@@ -163,14 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // first KV position each may not see.
   const int r_lo = wg::acc_row(wtid, 0);
   int64_t limit[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t grow = row0 + r_lo + 8 * i;
-    const int64_t t = grow / H;
-    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
-    lim = lim < item.end ? lim : item.end;
-    limit[i] = grow < rows ? lim : 0;
-  }
+  row_limits(p, item, row0, rows, r_lo, limit);
   // softmax: mask and scale tile t's scores, the new row maxima to sM and
   // the factor from the old ones to s_scale; s becomes P (base 2, against
   // the new maxima) and l = l * alpha + its row sums (this thread's columns).
@@ -293,22 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 2 * kBlocks; ++j) wg::mbar_init(s_base + kOffBar + 8 * j, 1);
     tma::fence_barrier_init();
   }
-  // Q -> shared (zero rows past the request), eight threads a row.
-  constexpr int kQRowsPerPass = kThreads / 8;
-#pragma unroll
-  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
-    const int r = pass * kQRowsPerPass + (tid >> 3);
-    const int64_t grow = row0 + r;
-    const bool valid = grow < rows;
-    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
-    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
-    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
-#pragma unroll
-    for (int c = tid & 7; c < kChunks; c += 8) {
-      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
-      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
-    }
-  }
+  load_q(p, item, row0, rows, s_q, tid);
   cp_async_commit();
   if (tid < kRows) s_m[tid] = -INFINITY;
   cp_async_wait_all();

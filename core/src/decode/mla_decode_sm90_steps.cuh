@@ -1,10 +1,12 @@
-// The epilogue of the sm_90a decode kernels (mla_decode_sm90.cu,
-// mla_decode_seesaw.cu), which hold O the same way: 64 query rows, O's 512
-// columns halved between two warpgroups of 128 threads, each thread two rows
-// (acc_row) of its warpgroup's m64n256 accumulator. A request's whole KV
-// writes `out` (bf16/f16) and `lse`; a split one its fp32 partial and LSE,
-// staged through shared memory so that each warp stores 512 contiguous bytes
-// an instruction.
+// Device steps shared by the sm_90a decode kernels (mla_decode_sm90.cu,
+// mla_decode_seesaw.cu), which hold a CTA's work the same way: 64 query rows
+// of one work item, 256 threads in two warpgroups, O's 512 columns halved
+// between them, each thread two rows (acc_row) of its warpgroup's m64n256
+// accumulator. load_q brings the query tile into shared memory, row_limits
+// gives a thread's rows the first KV position each may not see, and
+// store_o_tile writes O: a request's whole KV to `out` (bf16/f16) and `lse`,
+// a split one to its fp32 partial and LSE, staged through shared memory so
+// that each warp stores 512 contiguous bytes an instruction.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,52 @@
 namespace mlacore {
 
 #if defined(MLACORE_GPU_CUDA)
+
+// The query tile (64 rows of 576 elements, rows past the request zeroed) into
+// shared memory at s_q in the 128-byte-swizzle layout, by all 256 threads,
+// eight a row (a warp reads four whole 128-byte lines an instruction), as
+// cp.async the caller commits and waits for. Each thread divides its row by H
+// twice, not once per chunk.
+template <class Idx>
+__device__ __forceinline__ void load_q(const DecodeParams<Idx>& p, const ItemView& item, int64_t row0, int64_t rows,
+                                       uint32_t s_q, int tid) {
+  constexpr int kRows = kDecodeTileRows;
+  constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
+  constexpr int kQRowsPerPass = 256 / 8;
+  const int H = p.num_heads;
+  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
+  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
+#pragma unroll
+  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
+    const int r = pass * kQRowsPerPass + (tid >> 3);
+    const int64_t grow = row0 + r;
+    const bool valid = grow < rows;
+    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
+    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
+    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
+#pragma unroll
+    for (int c = tid & 7; c < kChunks; c += 8) {
+      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
+      cp_async16(s_q + wgmma::sw128_tile(r, c, kRows), valid ? src : qn, valid);
+    }
+  }
+}
+
+// The first KV position rows r_lo and r_lo + 8 of the tile may not see:
+// the item's end, or the causal bound of the row's query token; 0 for rows
+// past the request.
+template <class Idx>
+__device__ __forceinline__ void row_limits(const DecodeParams<Idx>& p, const ItemView& item, int64_t row0,
+                                           int64_t rows, int r_lo, int64_t (&limit)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t grow = row0 + r_lo + 8 * i;
+    const int64_t t = grow / p.num_heads;
+    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
+    lim = lim < item.end ? lim : item.end;
+    limit[i] = grow < rows ? lim : 0;
+  }
+}
 
 // Thread `tid` of 256 stores its rows of O. s_sum[r]: row r's sum of
 // probabilities over the whole item; m_row[i]: the base-2 row maximum of its
