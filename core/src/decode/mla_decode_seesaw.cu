@@ -25,6 +25,7 @@
 #include "decode/mla_decode.h"
 #include "decode/mla_decode_device.cuh"
 #include "decode/mla_decode_seesaw.h"
+#include "decode/mla_decode_sm90.h"
 #include "decode/mla_decode_sm90_steps.cuh"
 
 namespace mlacore {
@@ -439,26 +440,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // MLACORE_WGMMA_ENABLED
 }
 
-constexpr bool kBuiltForSm90a =
-#if defined(MLACORE_HAVE_SM90A)
-    true;
-#else
-    false;
-#endif
-
 template <bool kBf16, class Idx>
 bool launch_typed(const DecodeParams<Idx>& p, gpuStream_t stream) {
-  if (!kBuiltForSm90a) return false;
   const int64_t page_size = p.pages.page_size, pages = p.pages.num_pages;
   if (page_size < kTok || page_size % kTok != 0 || page_size > (int64_t{1} << 30)) return false;
   if (pages < 1 || pages > 0x7ffffffe) return false;  // box coordinates are int32, `pages` itself the zero page
   auto kernel = mla_decode_seesaw_kernel<kBf16, Idx>;
-  if (gpu::device_attribute<cudaDevAttrComputeCapabilityMajor>(p.device) != 9 ||
-      gpu::device_attribute<cudaDevAttrComputeCapabilityMinor>(p.device) != 0 ||
-      gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
-    return false;
-  const int binary = gpu::once_per_device(p.device, [kernel] { return gpu::binary_version(kernel); });
-  if (binary != 90) return false;
+  if (!sm90a_kernel_runs(kernel, p.device, kSmem)) return false;
   // Element strides -> bytes (16-bit elements); the encoder refuses what TMA cannot read.
   CUtensorMap ckv_map, kpe_map;
   if (!tma::encode_kv_map(&ckv_map, p.ckv, kBf16, kCkvDim, page_size, pages, 2 * p.ckv_stride_tok,

@@ -543,31 +543,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #endif  // MLACORE_WGMMA_ENABLED
 }
 
-// Whether the library holds sm_90a code for this kernel: meson defines
-// MLACORE_HAVE_SM90A when sm_targets lists 90a and not plain 90 (with both,
-// which of the two cubins the driver loads is not ours to know, and the sm_90
-// one is the trapping body).
-constexpr bool kBuiltForSm90a =
-#if defined(MLACORE_HAVE_SM90A)
-    true;
-#else
-    false;
-#endif
-
 template <bool kBf16, class Idx>
 bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
-  if (!kBuiltForSm90a) return false;
   auto kernel = mla_decode_wgmma_kernel<kBf16, Idx>;
-  // sm_90a code runs on compute capability 9.0 only.
-  if (gpu::device_attribute<cudaDevAttrComputeCapabilityMajor>(p.device) != 9 ||
-      gpu::device_attribute<cudaDevAttrComputeCapabilityMinor>(p.device) != 0 ||
-      gpu::device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(p.device) < kSmem)
-    return false;
-  // The cubin the runtime picked for this device must be the sm_90 one
-  // (binaryVersion 90): fixed for the process, so asked once per device. No
-  // image at all (-1) is asked again next time (negative answers are not cached).
-  const int binary = gpu::once_per_device(p.device, [kernel] { return gpu::binary_version(kernel); });
-  if (binary != 90) return false;
+  if (!sm90a_kernel_runs(kernel, p.device, kSmem)) return false;
   // Not cached: the limit belongs to the context, which cudaDeviceReset replaces.
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
              "cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
