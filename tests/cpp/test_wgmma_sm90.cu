@@ -16,6 +16,15 @@
 //       wg::acc_to_a and feeds registers 4kt..4kt+3 to k-step kt of
 //       m64n256k16 (B = V MN-major via transpose-B); warpgroup g computes
 //       columns [256g, 256g+256), so both halves of V go through that path.
+//   qk64_rs: qk64 with Q's last column block (the rope part) as the register
+//       A operand: wg::load_a_block reads it from the swizzled tile and
+//       m64n64k16_rs consumes it (the seesaw kernel's S).
+//   qk64_tma: qk64 with the K tile loaded by TMA (gpu/tma_map.h,
+//       gpu/tma_sm90.cuh): nine 64 x 64 boxes of page 1 of a three-page cache
+//       whose ckv and kpe are the halves of one [3, 64, 576] buffer, onto one
+//       mbarrier; the 128-byte swizzle TMA writes must be the layout the
+//       descriptors read. Then with the page coordinate 3, past the pool:
+//       every box must arrive as zeros (how the seesaw kernel reads a bad page id).
 // Each for bf16 and fp16. A wrong descriptor field, swizzle or fragment map
 // shows as a large error; the first mismatch is printed to pin it.
 //
@@ -41,6 +50,8 @@
 #include <cstring>
 #include <vector>
 
+#include "gpu/tma_map.h"
+#include "gpu/tma_sm90.cuh"
 #include "gpu/wgmma_sm90.cuh"
 
 namespace wg = mlacore::wgmma;
@@ -95,6 +106,86 @@ __global__ void __launch_bounds__(256, 1) qk64_probe(const uint16_t* q, const ui
   for (int e = 0; e < 32; ++e) s_out[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)] = s[e];
 #else
   (void)q, (void)k, (void)s_out;
+#endif
+}
+
+// qk64 over a Q tile and a K tile already in shared memory, Q's rope block
+// from registers when `rope_in_regs`; warpgroup 0 writes S to s_out.
+template <bool kBf16>
+__device__ void qk64_from_smem(unsigned char* s_q, unsigned char* s_k, float* s_out, bool rope_in_regs) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  const int wtid = threadIdx.x;
+  const uint64_t desc_q = wg::desc_k_sw128(smem_u32(s_q));
+  const uint64_t desc_k = wg::desc_k_sw128(smem_u32(s_k));
+  uint32_t rope[16];
+  wg::load_a_block(smem_u32(s_q) + (kDim / 64 - 1) * kBlockBytes, wtid, rope);
+  float s[32];
+  for (int e = 0; e < 32; ++e) s[e] = 0.f;
+  wg::fence_regs(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const uint32_t off = wg::k_major_step(kk, kRows);
+    if (rope_in_regs && kk >= kDim / 16 - 4)
+      wg::mma_m64n64k16_rs<kBf16>(s, rope + 4 * (kk - (kDim / 16 - 4)), desc_k + (off >> 4));
+    else
+      wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+  }
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(s);
+  for (int e = 0; e < 32; ++e) s_out[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)] = s[e];
+#else
+  (void)s_q, (void)s_k, (void)s_out, (void)rope_in_regs;
+#endif
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) qk64_rs_probe(const uint16_t* q, const uint16_t* k, float* s_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  load_tile(smem, q);
+  load_tile(smem + kTileBytes, k);
+  wg::fence_proxy_async();
+  __syncthreads();
+  if (threadIdx.x >= 128) return;
+  qk64_from_smem<kBf16>(smem, smem + kTileBytes, s_out, true);
+#else
+  (void)q, (void)k, (void)s_out;
+#endif
+}
+
+// K by TMA: the nine boxes of `page` (ckv blocks 0-7 from ckv_map, block 8
+// from kpe_map) onto one mbarrier expecting all of their bytes.
+template <bool kBf16>
+__global__ void __launch_bounds__(256, 1) qk64_tma_probe(const __grid_constant__ CUtensorMap ckv_map,
+                                                         const __grid_constant__ CUtensorMap kpe_map,
+                                                         const uint16_t* q, int page, float* s_out) {
+#if defined(MLACORE_WGMMA_ENABLED)
+  extern __shared__ __align__(16) unsigned char raw[];
+  unsigned char* smem = aligned_smem(raw);
+  __shared__ __align__(8) uint64_t bar;
+  const uint32_t s_bar = smem_u32(&bar);
+  if (threadIdx.x == 0) {
+    wg::mbar_init(s_bar, 1);
+    mlacore::tma::fence_barrier_init();
+  }
+  load_tile(smem, q);
+  wg::fence_proxy_async();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mlacore::tma::arrive_expect_tx(s_bar, kDim / 64 * kBlockBytes);
+    const uint32_t s_k = smem_u32(smem + kTileBytes);
+    for (int j = 0; j < kDim / 64 - 1; ++j)
+      mlacore::tma::load_3d(s_k + j * kBlockBytes, &ckv_map, 64 * j, 0, page, s_bar);
+    mlacore::tma::load_3d(s_k + (kDim / 64 - 1) * kBlockBytes, &kpe_map, 0, 0, page, s_bar);
+  }
+  wg::mbar_wait(s_bar, 0);
+  if (threadIdx.x >= 128) return;
+  qk64_from_smem<kBf16>(smem, smem + kTileBytes, s_out, false);
+#else
+  (void)ckv_map, (void)kpe_map, (void)q, (void)page, (void)s_out;
 #endif
 }
 
@@ -255,34 +346,65 @@ static bool run_case() {
       o_ref[r * kV + c] = acc;
     }
 
-  uint16_t *d_q, *d_k, *d_p;
-  float *d_s_m64, *d_o, *d_ors;
+  uint16_t *d_q, *d_k, *d_p, *d_cache;
+  float *d_s_m64, *d_o, *d_ors, *d_srs, *d_stma, *d_soob;
   CHECK(cudaMalloc(&d_q, q.size() * 2));
   CHECK(cudaMalloc(&d_k, k.size() * 2));
   CHECK(cudaMalloc(&d_p, pm.size() * 2));
   CHECK(cudaMalloc(&d_o, o_ref.size() * 4));
   CHECK(cudaMalloc(&d_s_m64, s_ref.size() * 4));
   CHECK(cudaMalloc(&d_ors, o_ref.size() * 4));
+  CHECK(cudaMalloc(&d_srs, s_ref.size() * 4));
+  CHECK(cudaMalloc(&d_stma, s_ref.size() * 4));
+  CHECK(cudaMalloc(&d_soob, s_ref.size() * 4));
+  // A [3, 64, 576] cache holding the K tile in page 1 (pages 0 and 2: other data).
+  std::vector<uint16_t> cache(3 * kTok * kDim);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = to_half_bits(urand(), bf16);
+  std::memcpy(cache.data() + kTok * kDim, k.data(), k.size() * 2);
+  CHECK(cudaMalloc(&d_cache, cache.size() * 2));
+  CHECK(cudaMemcpy(d_cache, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice));
+  CUtensorMap ckv_map, kpe_map;
+  const uint64_t row_bytes = kDim * 2, page_bytes = kTok * kDim * 2;
+  if (!mlacore::tma::encode_kv_map(&ckv_map, d_cache, bf16, kV, kTok, 3, row_bytes, page_bytes) ||
+      !mlacore::tma::encode_kv_map(&kpe_map, d_cache + kV, bf16, kDim - kV, kTok, 3, row_bytes, page_bytes)) {
+    std::printf("tma: the driver refused the tensor maps\n");
+    return false;
+  }
   CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_k, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_p, pm.data(), pm.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemset(d_s_m64, 0xff, s_ref.size() * 4));  // NaN: unwritten elements fail
   CHECK(cudaMemset(d_o, 0xff, o_ref.size() * 4));
   CHECK(cudaMemset(d_ors, 0xff, o_ref.size() * 4));
+  CHECK(cudaMemset(d_srs, 0xff, s_ref.size() * 4));
+  CHECK(cudaMemset(d_stma, 0xff, s_ref.size() * 4));
+  CHECK(cudaMemset(d_soob, 0xff, s_ref.size() * 4));
 
   const int smem_qk = 2 * kTileBytes + 1024, smem_pv = kTileBytes + kBlockBytes + 1024, smem_pv_rs = kTileBytes + 1024;
   CHECK(cudaFuncSetAttribute(pv_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv_rs));
   CHECK(cudaFuncSetAttribute(pv_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv));
   CHECK(cudaFuncSetAttribute(qk64_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
+  CHECK(cudaFuncSetAttribute(qk64_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
+  CHECK(cudaFuncSetAttribute(qk64_tma_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
   pv_probe<kBf16><<<1, 256, smem_pv>>>(d_p, d_k, d_o);  // V = the first 512 dims of the K tile
   CHECK(cudaGetLastError());
   qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s_m64);
   CHECK(cudaGetLastError());
   pv_rs_probe<kBf16><<<1, 256, smem_pv_rs>>>(d_p, d_k, d_ors);
   CHECK(cudaGetLastError());
+  qk64_rs_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_srs);
+  CHECK(cudaGetLastError());
+  qk64_tma_probe<kBf16><<<1, 256, smem_qk>>>(ckv_map, kpe_map, d_q, 1, d_stma);
+  CHECK(cudaGetLastError());
+  qk64_tma_probe<kBf16><<<1, 256, smem_qk>>>(ckv_map, kpe_map, d_q, 3, d_soob);  // past the pool: zeros
+  CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
 
-  std::vector<float> s_m64(s_ref.size()), o(o_ref.size()), ors(o_ref.size());
+  std::vector<float> s_m64(s_ref.size()), o(o_ref.size()), ors(o_ref.size()), srs(s_ref.size()),
+      stma(s_ref.size()), soob(s_ref.size());
+  CHECK(cudaMemcpy(srs.data(), d_srs, srs.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(stma.data(), d_stma, stma.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(soob.data(), d_soob, soob.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(s_m64.data(), d_s_m64, s_m64.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(o.data(), d_o, o.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(ors.data(), d_ors, ors.size() * 4, cudaMemcpyDeviceToHost));
@@ -293,8 +415,15 @@ static bool run_case() {
   const bool ok_o = report(name, o, o_ref, kV);
   std::snprintf(name, sizeof name, "pv_rs-%s", tag);
   const bool ok_ors = report(name, ors, o_ref, kV);
+  std::snprintf(name, sizeof name, "qk64_rs-%s", tag);
+  const bool ok_srs = report(name, srs, s_ref, kTok);
+  std::snprintf(name, sizeof name, "qk64_tma-%s", tag);
+  const bool ok_stma = report(name, stma, s_ref, kTok);
+  std::snprintf(name, sizeof name, "qk64_tma_oob-%s", tag);
+  const bool ok_soob = report(name, soob, std::vector<double>(s_ref.size(), 0.0), kTok);
   cudaFree(d_q), cudaFree(d_k), cudaFree(d_p), cudaFree(d_s_m64), cudaFree(d_o), cudaFree(d_ors);
-  return ok_s_m64 && ok_o && ok_ors;
+  cudaFree(d_srs), cudaFree(d_stma), cudaFree(d_soob), cudaFree(d_cache);
+  return ok_s_m64 && ok_o && ok_ors && ok_srs && ok_stma && ok_soob;
 }
 
 int main() {
