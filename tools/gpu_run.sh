@@ -4,6 +4,7 @@
 # build mlacore with CUDA, then run the requested steps, writing logs under $OUT.
 #   bash tools/gpu_run.sh "pytest mesontest bench:overhead,attn sanitizer"
 #   bash tools/gpu_run.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
+#   bash tools/gpu_run.sh "decode-ab:seesaw"   (a decode kernel switch against the default, one build)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
 set -uo pipefail
@@ -171,6 +172,19 @@ for step in $STEPS; do
           $(PYTHONPATH=$site python3 -m mlacore --libs | sed 's/-Wl,/-Xlinker /g') -lcuda -o /tmp/pl-$side \
           && timeout 60 /tmp/pl-$side > "$OUT/plan-latency-$side.txt" 2>&1
         echo "$side plan_latency: $(grep -E "^ +[0-9]+ +[0-9.]+ " "$OUT/plan-latency-$side.txt" | awk '{printf "%s:%s ", $1, $5}')"
+      done ;;
+    decode-ab:*)
+      # A decode kernel switch against the default in one build: `bench --mode attn` (each row
+      # against fa3 in its own process) with MLACORE_DECODE_KERNEL=<value>, without, and with it
+      # again, so both sides meet the same stretches of the machine. ATTN_SHAPES picks the rows
+      # (default bar,long,large,multi,ragged). Geomeans to stdout, tables and JSON in $OUT.
+      kernel=${step#decode-ab:}
+      for side in "$kernel" default "$kernel"; do
+        n=$(ls "$OUT" | grep -c "^attn-ab-$side" || true)
+        env $([ "$side" = default ] && echo -u MLACORE_DECODE_KERNEL || echo MLACORE_DECODE_KERNEL=$side) \
+          timeout 300 python3 -m mlacore bench --mode attn --shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}" \
+          --json "$OUT/attn-ab-$side-$n.json" > "$OUT/attn-ab-$side-$n.txt" 2>&1
+        echo "$side: rc=$? $(grep -E "x fa3: geomean" "$OUT/attn-ab-$side-$n.txt")"
       done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
