@@ -8,7 +8,7 @@ import torch
 
 import mlacore
 
-from ._timing import L2Flush, cpu_ms, device_ms
+from ._timing import L2Flush, alternating, cpu_ms, device_ms
 
 SM_SCALE = 1.0 / math.sqrt(192)
 
@@ -19,20 +19,6 @@ def timer(ctx, repeats):
         flush = L2Flush(ctx.device)
         return lambda fn: device_ms(fn, repeats=repeats, flush=flush)
     return lambda fn: cpu_ms(fn, repeats=max(3, repeats // 5))
-
-
-def alternating(measure, fns, rounds):
-    """Medians of `measure(fn)` for several callables whose ratios are the point, in
-    `rounds` alternating rounds (the order rotating by round), so drift of the
-    machine between rounds (clocks, temperature) hits all of them alike: the
-    median over rounds of each one's per-round median. None entries give NaN."""
-    live = [i for i, fn in enumerate(fns) if fn is not None]
-    per = {i: [] for i in live}
-    for r in range(rounds):
-        for k in range(len(live)):
-            i = live[(k + r) % len(live)]
-            per[i].append(measure(fns[i]))
-    return [statistics.median(per[i]) if i in per else float("nan") for i in range(len(fns))]
 
 
 def make_cache(num_pages, page_size, dtype, device, separate):

@@ -92,6 +92,20 @@ def device_ms(fn, repeats=50, warmup=5, flush=None, settle_s=0.1):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def alternating(measure, fns, rounds):
+    """Medians of `measure(fn)` for several callables whose ratios are the point, in
+    `rounds` alternating rounds (the order rotating by round), so drift of the
+    machine between rounds (clocks, temperature) hits all of them alike: the
+    median over rounds of each one's per-round median. None entries give NaN."""
+    live = [i for i, fn in enumerate(fns) if fn is not None]
+    per = {i: [] for i in live}
+    for r in range(rounds):
+        for k in range(len(live)):
+            i = live[(k + r) % len(live)]
+            per[i].append(measure(fns[i]))
+    return [statistics.median(per[i]) if i in per else float("nan") for i in range(len(fns))]
+
+
 def settle(fns, flush=None, settle_s=0.1):
     """Runs the callables in turn (L2 flushed before each) for at least `settle_s`
     seconds: device_ms's warm-up, paid once for a row whose contenders are then
@@ -138,13 +152,7 @@ def kernel_us(fns, flush, calls=50, rounds=3):
         us = [e.time_range.elapsed_us() for e in device_events(prof) if e.name not in flush_names]
         return sum(us) / calls if us else float("nan")  # no device events: a profiler without CUPTI
 
-    live = [i for i, fn in enumerate(fns) if fn is not None]
-    per = {i: [] for i in live}
-    for r in range(rounds):
-        for k in range(len(live)):
-            i = live[(k + r) % len(live)]
-            per[i].append(one_round(fns[i]))
-    return [statistics.median(per[i]) if i in per else float("nan") for i in range(len(fns))]
+    return alternating(one_round, fns, rounds)
 
 
 def cpu_ms(fn, repeats=20, warmup=3, settle_s=0.05, min_sample_s=0.002):

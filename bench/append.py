@@ -31,9 +31,8 @@ import torch
 
 import mlacore
 
-from ._mla import alternating
 from ._report import Table
-from ._timing import L2Flush, cpu_ms, device_ms, host_us_per_call, kernel_us, settle
+from ._timing import L2Flush, alternating, cpu_ms, device_ms, host_us_per_call, kernel_us, settle
 
 HEADS, HEAD_DIM = 8, 128
 ORDERS = ("scrambled", "allocator")

@@ -29,9 +29,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._mla import (DecodeCase, alternating, flashinfer_runner, flashmla_runner, floor_ms, flops_of, kv_bytes,
-                   naive_decode, ragged_lens, timer)
+from ._mla import (DecodeCase, flashinfer_runner, flashmla_runner, floor_ms, flops_of, kv_bytes, naive_decode,
+                   ragged_lens, timer)
 from ._report import Table
+from ._timing import alternating
 
 
 class Shape(NamedTuple):

@@ -78,37 +78,6 @@ __device__ unsigned char* aligned_smem(unsigned char* raw) {
   return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
 }
 
-template <bool kBf16>
-__global__ void __launch_bounds__(256, 1) qk64_probe(const uint16_t* q, const uint16_t* k, float* s_out) {
-#if defined(MLACORE_WGMMA_ENABLED)
-  extern __shared__ __align__(16) unsigned char raw[];
-  unsigned char* smem = aligned_smem(raw);
-  load_tile(smem, q);
-  load_tile(smem + kTileBytes, k);
-  wg::fence_proxy_async();
-  __syncthreads();
-  if (threadIdx.x >= 128) return;
-  const int wtid = threadIdx.x;
-  const uint64_t desc_q = wg::desc_k_sw128(smem_u32(smem));
-  const uint64_t desc_k = wg::desc_k_sw128(smem_u32(smem + kTileBytes));
-  float s[32];
-  for (int e = 0; e < 32; ++e) s[e] = 0.f;
-  wg::fence_regs(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < kDim / 16; ++kk) {
-    const uint32_t off = wg::k_major_step(kk, kRows);
-    wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
-  }
-  wg::commit();
-  wg::wait<0>();
-  wg::fence_regs(s);
-  for (int e = 0; e < 32; ++e) s_out[wg::acc_row(wtid, e) * kTok + wg::acc_col(wtid, e)] = s[e];
-#else
-  (void)q, (void)k, (void)s_out;
-#endif
-}
-
 // qk64 over a Q tile and a K tile already in shared memory, Q's rope block
 // from registers when `rope_in_regs`; warpgroup 0 writes S to s_out.
 template <bool kBf16>
@@ -140,8 +109,10 @@ __device__ void qk64_from_smem(unsigned char* s_q, unsigned char* s_k, float* s_
 #endif
 }
 
+// qk64 (rope_in_regs false) or qk64_rs (true).
 template <bool kBf16>
-__global__ void __launch_bounds__(256, 1) qk64_rs_probe(const uint16_t* q, const uint16_t* k, float* s_out) {
+__global__ void __launch_bounds__(256, 1) qk64_probe(const uint16_t* q, const uint16_t* k, float* s_out,
+                                                     bool rope_in_regs) {
 #if defined(MLACORE_WGMMA_ENABLED)
   extern __shared__ __align__(16) unsigned char raw[];
   unsigned char* smem = aligned_smem(raw);
@@ -150,9 +121,9 @@ __global__ void __launch_bounds__(256, 1) qk64_rs_probe(const uint16_t* q, const
   wg::fence_proxy_async();
   __syncthreads();
   if (threadIdx.x >= 128) return;
-  qk64_from_smem<kBf16>(smem, smem + kTileBytes, s_out, true);
+  qk64_from_smem<kBf16>(smem, smem + kTileBytes, s_out, rope_in_regs);
 #else
-  (void)q, (void)k, (void)s_out;
+  (void)q, (void)k, (void)s_out, (void)rope_in_regs;
 #endif
 }
 
@@ -384,15 +355,14 @@ static bool run_case() {
   CHECK(cudaFuncSetAttribute(pv_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv_rs));
   CHECK(cudaFuncSetAttribute(pv_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pv));
   CHECK(cudaFuncSetAttribute(qk64_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
-  CHECK(cudaFuncSetAttribute(qk64_rs_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
   CHECK(cudaFuncSetAttribute(qk64_tma_probe<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_qk));
   pv_probe<kBf16><<<1, 256, smem_pv>>>(d_p, d_k, d_o);  // V = the first 512 dims of the K tile
   CHECK(cudaGetLastError());
-  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s_m64);
+  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_s_m64, false);
   CHECK(cudaGetLastError());
   pv_rs_probe<kBf16><<<1, 256, smem_pv_rs>>>(d_p, d_k, d_ors);
   CHECK(cudaGetLastError());
-  qk64_rs_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_srs);
+  qk64_probe<kBf16><<<1, 256, smem_qk>>>(d_q, d_k, d_srs, true);
   CHECK(cudaGetLastError());
   qk64_tma_probe<kBf16><<<1, 256, smem_qk>>>(ckv_map, kpe_map, d_q, 1, d_stma);
   CHECK(cudaGetLastError());
