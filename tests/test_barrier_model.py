@@ -124,3 +124,16 @@ def test_seesaw_model_rejects_broken_protocols(seesaw, broken, monkeypatch):
             (k, b, t + 1) if k == "mwait" else (k, b, t) for k, b, t in wg1(n)])
     with pytest.raises((AssertionError, KeyError)):
         seesaw.holds(seed=3, rounds=40)
+
+
+@pytest.mark.parametrize("n_tok", [1, 63, 64, 65, 128, 129, 191, 320, 700])
+def test_seesaw_arithmetic_is_softmax_attention(seesaw, n_tok):
+    # The kernel's pairwise online softmax, in float64: equal to softmax(S) V up to rounding,
+    # with a row past the request and (past two tiles) a tile of a bad page id masked.
+    bad = (1,) if n_tok > 128 else ()
+    assert seesaw.numerics(8, n_tok, seed=n_tok, masked_rows=(3,), bad_tiles=bad) < 1e-9
+
+
+@pytest.mark.parametrize("broken", ["p0_rescale", "o1_alpha0"])
+def test_seesaw_arithmetic_check_catches_a_missing_rescale(seesaw, broken):
+    assert seesaw.numerics(8, 700, seed=7, broken=broken) > 1e-3

@@ -19,6 +19,8 @@ Named hand-offs (one side arrives, the other waits): Scale0Ready (0 -> 1: sM and
 written), Scale1Ready (1 -> 0: sM and sScale1 written), P0Ready (0 -> 1: sP0 written), and
 O1Issued (1 -> 0: warpgroup 1 has issued its product with sP0, after writing sP1).
 
+numerics() replays the kernel's arithmetic (the shared row maximum, the halves of O and
+their row sums, P0 rescaled for warpgroup 1) in float64 against softmax(S) V.
 Checked for n_tiles 0..11 and random interleavings: no deadlock; mbarrier phases named
 correctly by parity; and, by vector clocks, every shared-memory hand-off:
   - a box is read (S, either product) only after it landed, and refilled only after the S and
@@ -146,6 +148,66 @@ def run(n, rng):
     assert not bad, f"n={n}: ordering not guaranteed: {bad}"
 
 
+def numerics(rows, n_tok, seed=0, masked_rows=(), bad_tiles=(), broken=None):
+    """The kernel's arithmetic in float64, pair by pair as its loops do it (the shared
+    row maximum, each warpgroup's half of O and its row sums, P0 rescaled for warpgroup
+    1), against softmax(S) V: returns the largest difference. Tokens of `bad_tiles` and
+    every token of `masked_rows` are masked, as a bad page id and a row past the request are.
+    `broken` drops one step, for the test that the comparison catches it: "p0_rescale"
+    (warpgroup 1 takes P0 as warpgroup 0 computed it) or "o1_alpha0" (warpgroup 1 does not
+    take O and its row sums to warpgroup 0's new maximum)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tiles = -(-n_tok // 64)
+    s_all = rng.normal(size=(rows, tiles * 64)) * 4
+    v = rng.normal(size=(tiles * 64, 512))
+    visible = np.zeros_like(s_all, dtype=bool)
+    visible[:, :n_tok] = True
+    for t in bad_tiles:
+        visible[:, 64 * t:64 * t + 64] = False
+    for r in masked_rows:
+        visible[r] = False
+    s_all = np.where(visible, s_all, -np.inf)
+    m = np.full(rows, -np.inf)
+    o = [np.zeros((rows, 256)), np.zeros((rows, 256))]
+    l = [np.zeros(rows), np.zeros(rows)]
+
+    def softmax(t):  # -> P (against the new maximum), alpha; updates m
+        nonlocal m
+        sc = s_all[:, 64 * t:64 * t + 64]
+        m_new = np.maximum(m, sc.max(axis=1))
+        m_use = np.where(m_new == -np.inf, 0.0, m_new)
+        with np.errstate(invalid="ignore"):  # -inf - -inf where the maximum stays -inf: alpha is 1 there
+            alpha = np.where(m == m_new, 1.0, np.exp2(m - m_new))
+        m = m_new
+        return np.exp2(sc - m_use[:, None]), alpha
+
+    for b in range(0, tiles, 2):
+        p0, a0 = softmax(b)  # warpgroup 0
+        o[0] = o[0] * a0[:, None] + p0 @ v[64 * b:64 * b + 64, :256]
+        l[0] = l[0] * a0 + p0.sum(axis=1)
+        if b + 1 < tiles:  # warpgroup 1
+            p1, a1 = softmax(b + 1)
+        else:
+            a1 = np.ones(rows)
+        a01 = a1 if broken == "o1_alpha0" else a0 * a1
+        o[1] = o[1] * a01[:, None]
+        l[1] = l[1] * a01
+        if b + 1 < tiles:
+            o[1] += p1 @ v[64 * b + 64:64 * b + 128, 256:]
+            l[1] += p1.sum(axis=1)
+        o[1] += (p0 if broken == "p0_rescale" else p0 * a1[:, None]) @ v[64 * b:64 * b + 64, 256:]
+        l[0] = l[0] * a1
+        if b + 1 < tiles:
+            o[0] = o[0] * a1[:, None] + p1 @ v[64 * b + 64:64 * b + 128, :256]
+    total = l[0] + l[1]
+    got = np.concatenate(o, axis=1) / np.where(total > 0, total, 1.0)[:, None]
+    w = np.where(visible, np.exp2(s_all - np.where(np.isinf(s_all.max(axis=1)), 0, s_all.max(axis=1))[:, None]), 0)
+    want = (w @ v) / np.where(w.sum(axis=1) > 0, w.sum(axis=1), 1.0)[:, None]
+    return float(np.abs(got - want).max())
+
+
 def holds(seed=1, rounds=300, tiles=12):
     rng = random.Random(seed)
     for n in range(tiles):
@@ -156,3 +218,5 @@ def holds(seed=1, rounds=300, tiles=12):
 if __name__ == "__main__":
     holds()
     print("seesaw model: n_tiles 0..11, 300 interleavings each: OK")
+    worst = max(numerics(8, n, seed=n, masked_rows=(3,), bad_tiles=(1,) if n > 128 else ()) for n in range(1, 700, 37))
+    print(f"seesaw arithmetic against softmax(S) V: max |difference| {worst:.2e}")
