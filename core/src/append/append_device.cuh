@@ -124,10 +124,8 @@ __device__ __forceinline__ void split(int64_t n, int64_t d, int64_t& q, int64_t&
   }
 }
 
-// Page and in-page offset of token `pos` of request `b`; page -1 when the
-// token must be skipped. The same checks, in the same order, as
-// PageTable::slot, through the same bounds-checked reads (pages_of,
-// page_at); only the division differs (32-bit when the numbers fit).
+// split()'s quotient and remainder, returned by value: registers, where
+// references across a call would put them in local memory.
 struct QuotRem {
   int64_t q, r;
 };
@@ -184,6 +182,10 @@ __device__ __forceinline__ void page_in_request(const PageTable<Idx>& t, const D
   page = t.page_at(begin + in_request);
 }
 
+// Page and in-page offset of token `pos` of request `b`; page -1 when the
+// token must be skipped. The same checks, in the same order, as
+// PageTable::slot, through the same bounds-checked reads (pages_of,
+// page_at); only the division differs (32-bit when the numbers fit).
 template <class Idx>
 __device__ __forceinline__ void locate(const PageTable<Idx>& t, int64_t b, int64_t pos, int64_t& page,
                                        int64_t& off) {
