@@ -71,11 +71,10 @@ static_assert(kOffK % 1024 == 0 && kOffP0 % 1024 == 0 && kOffP1 % 1024 == 0, "sw
 static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
 static_assert(kRows * kCkvDim * 4 <= 2 * kTileBytes, "the fp32 O tile fits the two stages");
 
-// The page of a tile: its box coordinates, and whether its page id is valid
-// (an invalid one reads the out-of-bounds page `pages`: zeros).
+// The page of a tile as box coordinates: an invalid page id becomes the
+// out-of-bounds page `pages` (a box of zeros, its tokens masked).
 struct TilePage {
   int32_t page, off;
-  bool valid;
 };
 
 template <bool kBf16, class Idx>
@@ -113,10 +112,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
 
   // ---- steps ----
+  auto page_valid = [&](const TilePage& tp) { return tp.page != p.pages.num_pages; };
   auto tile_page = [&](int64_t t) {
     const PageRef r = lookup(item.begin + t * kTok);
     const bool valid = r.page >= 0 && r.page < p.pages.num_pages;
-    return TilePage{valid ? r.page : static_cast<int32_t>(p.pages.num_pages), r.off, valid};
+    return TilePage{valid ? r.page : static_cast<int32_t>(p.pages.num_pages), r.off};
   };
   // load_kv: boxes [lo, hi) of tile t into its stage (the leader alone).
   auto load_kv = [&](int64_t t, const TilePage& tp, int lo, int hi) {
@@ -318,9 +318,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- pairs of tiles ----
   for (int64_t b = 0; b < n_tiles; b += 2) {
+    // The page ids of the next pair, loaded now: both warpgroups refill
+    // halves of both of its tiles, and the index loads' latency hides behind
+    // this pair's softmax and products instead of sitting in front of a refill.
+    TilePage next2 = own, next3 = own;
+    if (b + 2 < n_tiles) next2 = tile_page(b + 2);
+    if (b + 3 < n_tiles) next3 = tile_page(b + 3);
     if (g == 0) {
       // -------- warpgroup 0: tile b --------
-      softmax(s, b, own.valid, s_scale0, alpha, l);
+      softmax(s, b, page_valid(own), s_scale0, alpha, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
       wg::bar_arrive(kBarScale0, kThreads);
@@ -330,11 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence_regs(o);
       wg::fence_regs(pk);
       wg::bar_sync(kBarScale1, kThreads);
-      TilePage next = own;
-      if (b + 2 < n_tiles) {
-        next = tile_page(b + 2);
-        load_kv(b + 2, next, 0, kLeft);
-      }
+      if (b + 2 < n_tiles) load_kv(b + 2, next2, 0, kLeft);
       other[0] = s_scale1[r_lo];
       other[1] = s_scale1[r_lo + 8];
       store_p(s, s_p0, other[0], other[1]);  // P of tile b against tile b + 1's maxima
@@ -355,13 +357,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with sP1, not the S just issued
         wg::fence_regs(o);
-        load_kv(b + 3, tile_page(b + 3), 0, kLeft);
+        load_kv(b + 3, next3, 0, kLeft);
       }
       if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightBoxes{});
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(s);
-      own = next;
+      own = next2;
     } else {
       // -------- warpgroup 1: tile b + 1 --------
       wg::bar_sync(kBarScale0, kThreads);
@@ -374,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // C7515: it serializes every wgmma of the kernel).
         wg::wait<0>();
         wg::fence_regs(s);
-        softmax(s, b + 1, own.valid, s_scale1, alpha, l);
+        softmax(s, b + 1, page_valid(own), s_scale1, alpha, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
         if ((lane & 3) == 0) s_scale1[r_lo] = s_scale1[r_lo + 8] = 1.f;
@@ -391,16 +393,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       zero_v(b, kLeft, 2 * kLeft);
       product_other(b, 0);
       if (b + 1 < n_tiles) wg::bar_arrive(kBarO1, kThreads);
-      TilePage next = own;
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
         wg::fence_regs(pk);
-        next = tile_page(b + 3);
-        load_kv(b + 3, next, kLeft, kBlocks);
+        load_kv(b + 3, next3, kLeft, kBlocks);
       }
       wg::wait<0>();
       wg::fence_regs(o);
-      if (b + 2 < n_tiles) load_kv(b + 2, tile_page(b + 2), kLeft, kBlocks);
+      if (b + 2 < n_tiles) load_kv(b + 2, next2, kLeft, kBlocks);
       if (b + 3 < n_tiles) {
 #pragma unroll
         for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence_regs(o);
       wg::fence_regs(pk);
       wg::fence_regs(s);
-      own = next;
+      own = next3;
     }
   }
 
