@@ -99,7 +99,7 @@ def _refill_k0_right_early(ops):
 
 
 @pytest.mark.parametrize("broken", ["no_o1_issued", "first_box_only", "refill_before_done", "read_sm_early",
-                                    "wrong_phase"])
+                                    "rope_refill_early", "wrong_phase"])
 def test_seesaw_model_rejects_broken_protocols(seesaw, broken, monkeypatch):
     wg0, wg1 = seesaw.wg0, seesaw.wg1
     if broken == "no_o1_issued":  # warpgroup 0 reads sP1 without waiting for warpgroup 1 to have written it
@@ -119,6 +119,20 @@ def test_seesaw_model_rejects_broken_protocols(seesaw, broken, monkeypatch):
                     ops.insert(j, ops.pop(i))
             return ops
         monkeypatch.setattr(seesaw, "wg1", early)
+    elif broken == "rope_refill_early":  # tile b + 3's rope box refilled at the top of the pair by
+        # warpgroup 0, which does not know that warpgroup 1's S(b + 1) over it is complete
+        def refill(n, own):
+            ops = own(n)
+            for k in range(n // 2):
+                b = 2 * k
+                if b + 3 < n:
+                    if own is wg0:
+                        ops.insert(ops.index(("ev", "sM_read0", k)), ("ev", "load8", b + 3))
+                    else:
+                        ops.remove(("ev", "load8", b + 3))
+            return ops
+        monkeypatch.setattr(seesaw, "wg0", lambda n: refill(n, wg0))
+        monkeypatch.setattr(seesaw, "wg1", lambda n: refill(n, wg1))
     else:  # waits for a box one phase late
         monkeypatch.setattr(seesaw, "wg1", lambda n: [
             (k, b, t + 1) if k == "mwait" else (k, b, t) for k, b, t in wg1(n)])

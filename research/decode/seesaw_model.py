@@ -9,11 +9,13 @@ keeps half of O's columns and multiplies its own P from registers by its half of
 tile (O0 = P0 V[b][:, 0:256], O1 = P1 V[b+1][:, 256:512]) and the other's P from shared memory
 by its half of the other tile (O0 += sP1 V[b+1] left, O1 += sP0 V[b] right). A box's mbarrier
 completes a phase when the waiting warpgroup has arrived with the box's byte count and the box
-has landed (two arrivals here); tile t is phase t // 2 of its stage's boxes. Refills, as in the
-design: stage b's boxes 0-3 by warpgroup 0 once its O0 of tile b is complete, boxes 4-8 by
-warpgroup 1 once its O1 of tile b is; stage b + 1's boxes 0-3 by warpgroup 0 once its O0 of
-tile b + 1 is, boxes 4-8 by warpgroup 1 once its O1 of tile b + 1 is. Warpgroup 0 computes the
-next S over boxes 0-3 first, warpgroup 1 over 4-8 first: the order of the refills.
+has landed (two arrivals here); tile t is phase t // 2 of its stage's boxes. Refills: the rope
+box (8) of a tile's stage by the warpgroup that computed the tile's S, at the top of the pair
+(no product reads it); stage b's boxes 0-3 by warpgroup 0 once its O0 of tile b is complete,
+boxes 4-7 by warpgroup 1 once its O1 of tile b is; stage b + 1's boxes 0-3 by warpgroup 0 once
+its O0 of tile b + 1 is, boxes 4-7 by warpgroup 1 once its O1 of tile b + 1 is. The next S runs
+over the boxes in the order they were refilled: warpgroup 0 over 8, 0-3, then 4-7; warpgroup 1
+over 8, 4-7, then 0-3.
 
 Named hand-offs (one side arrives, the other waits): Scale0Ready (0 -> 1: sM and sScale0
 written), Scale1Ready (1 -> 0: sM and sScale1 written), P0Ready (0 -> 1: sP0 written), and
@@ -39,7 +41,9 @@ from _barrier_sim import simulate, unordered  # noqa: E402
 
 BOXES = 9
 LEFT = range(0, 4)  # V's columns 0-255: warpgroup 0's half
-RIGHT = range(4, 9)  # V's columns 256-511 and the rope block
+RIGHT = range(4, 9)  # V's columns 256-511 and the rope block (the prologue's order)
+RIGHT_V = range(4, 8)  # V's columns 256-511: warpgroup 1's half
+ROPE = [8]
 ARRIVALS = {f"K{st}.{i}": 2 for st in range(2) for i in range(BOXES)}
 
 
@@ -67,6 +71,8 @@ def wg0(n):
         ops += s_over(0, range(BOXES)) + [("ev", "S_done", 0)]
     for k in range((n + 1) // 2):
         b = 2 * k
+        if b + 2 < n:
+            ops += load(b + 2, ROPE)  # S(b) is complete
         ops += [("ev", "sM_read0", k), ("ev", "sM_write0", k), ("ev", "sScale0_write", k)]
         ops += [("arrive", "Scale0Ready", k)]
         ops += [("ev", "O0_issue", b), ("ev", "O0_done", b)]  # O0 += P0 V0L; wait 0
@@ -77,11 +83,11 @@ def wg0(n):
         if b + 1 < n:
             ops += [("sync", "O1Issued", k), ("ev", "O0_issue", b + 1)]  # O0 *= sScale1; O0 += sP1 V1L
         if b + 2 < n:
-            ops += s_over(b + 2, LEFT)
+            ops += s_over(b + 2, ROPE + list(LEFT))
         if b + 3 < n:
-            ops += [("ev", "O0_done", b + 1)] + load(b + 3, LEFT)  # wait 4: the product, not the S
+            ops += [("ev", "O0_done", b + 1)] + load(b + 3, LEFT)  # wait 1: the product, not the S
         if b + 2 < n:
-            ops += s_over(b + 2, RIGHT)
+            ops += s_over(b + 2, RIGHT_V)
         if b + 1 < n:
             ops += [("ev", "O0_done", b + 1)]  # wait 0
         if b + 2 < n:
@@ -96,6 +102,8 @@ def wg1(n):
         ops += s_over(1, RIGHT) + s_over(1, LEFT) + [("ev", "S_done", 1)]
     for k in range((n + 1) // 2):
         b = 2 * k
+        if b + 3 < n:
+            ops += load(b + 3, ROPE)  # S(b + 1) is complete
         ops += [("sync", "Scale0Ready", k), ("ev", "sM_read1", k), ("ev", "sScale0_read", k)]
         ops += [("ev", "sM_write1", k), ("ev", "sScale1_write", k), ("arrive", "Scale1Ready", k)]
         if b + 1 < n:
@@ -104,11 +112,11 @@ def wg1(n):
         if b + 1 < n:
             ops += [("arrive", "O1Issued", k)]
         if b + 3 < n:
-            ops += [("ev", "O1_done", b + 1)] + load(b + 3, RIGHT)  # wait 1
+            ops += [("ev", "O1_done", b + 1)] + load(b + 3, RIGHT_V)  # wait 1
         if b + 2 < n:
-            ops += [("ev", "O1_done", b + 1), ("ev", "O1_done", b)] + load(b + 2, RIGHT)  # wait 0
+            ops += [("ev", "O1_done", b + 1), ("ev", "O1_done", b)] + load(b + 2, RIGHT_V)  # wait 0
         if b + 3 < n:
-            ops += s_over(b + 3, RIGHT) + s_over(b + 3, LEFT) + [("ev", "S_done", b + 3)]
+            ops += s_over(b + 3, ROPE) + s_over(b + 3, RIGHT_V) + s_over(b + 3, LEFT) + [("ev", "S_done", b + 3)]
         if b + 1 < n:
             ops += [("ev", "O1_done", b + 1)]
         ops += [("ev", "O1_done", b)]  # wait 0

@@ -7,8 +7,10 @@
 // P (registers) by its half of V of its own tile, and the other's P (shared
 // memory) by its half of V of the other tile. A stage arrives as nine
 // 64 x 64 TMA boxes with an mbarrier each; the warpgroup that has just freed
-// a half of a stage refills it, and the next S runs box by box in the order
-// of the refills. Same contract, schedule, epilogue and combine as the wgmma
+// a half of a stage refills it (the rope box, which no product reads, as soon
+// as the tile's S is done), and the next S runs box by box in the order of
+// the refills. Each warpgroup publishes its row maxima before it
+// exponentiates, so the other's softmax waits for the maxima alone. Same contract, schedule, epilogue and combine as the wgmma
 // kernel. Design: docs/design/2026-12-03-decode-seesaw.md; the barrier
 // protocol is research/decode/seesaw_model.py's, whose op lists the loops
 // below follow (change both together).
@@ -39,12 +41,16 @@ constexpr int kTok = kDecodeTileTokens;
 constexpr int kBlocks = kQkDim / 64;               // 64-column boxes of a tile (the ninth: kpe)
 constexpr int kLeft = kCkvDim / 2 / 64;            // boxes of V's left half: warpgroup 0's columns of O
 constexpr int kBlockBytes = 64 * 128;
-// compute_s's box ranges: from box 0 or kLeft, kLeft, kBlocks - kLeft or all of them.
+// compute_s's box ranges (start, count, modulus): boxes start, start + 1, ...
+// modulo the modulus.
 using Box0 = std::integral_constant<int, 0>;
-using BoxRight = std::integral_constant<int, kLeft>;
-using LeftBoxes = std::integral_constant<int, kLeft>;
-using RightBoxes = std::integral_constant<int, kBlocks - kLeft>;
+using BoxRight = std::integral_constant<int, kLeft>;       // V's right half: warpgroup 1's columns of O
+using BoxRope = std::integral_constant<int, kBlocks - 1>;  // the kpe box
+using OneBox = std::integral_constant<int, 1>;
 using AllBoxes = std::integral_constant<int, kBlocks>;
+using RopeAndLeft = std::integral_constant<int, kLeft + 1>;  // from BoxRope modulo kBlocks: the rope box, then V's left half
+using VBoxes = std::integral_constant<int, kBlocks - 1>;     // V's boxes: as a modulus, skips the rope box
+using RightV = std::integral_constant<int, kBlocks - 1 - kLeft>;
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
 // Named barriers: one side arrives, the other waits (ids 1..4); 5 and 6 are
 // the warpgroups' own (128 threads).
@@ -129,20 +135,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   // compute_s: S += Q K^T over `count` boxes of tile t from box `start` on
-  // (wrapping past the last), each box waited for (the leader first arrives
+  // (modulo `mod`), each box waited for (the leader first arrives
   // with its byte count) before its four k-steps; Q's rope block comes from
-  // registers. One commit group. (start and count are std::integral_constant:
+  // registers. One commit group. (start, count and mod are std::integral_constant:
   // the loop unrolls, and q_rope stays in registers.)
   const uint64_t desc_q = wg::desc_k_sw128(s_q);
   uint32_t q_rope[16];
-  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c) {
+  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c,
+                       auto mod_c) {
     constexpr int start = decltype(start_c)::value, count = decltype(count_c)::value;
+    constexpr int mod = decltype(mod_c)::value;
     const uint64_t desc_k = wg::desc_k_sw128(stage(t));
     const uint32_t parity = static_cast<uint32_t>((t >> 1) & 1);
     wg::fence_regs(s);
 #pragma unroll
     for (int i = 0; i < count; ++i) {
-      const int j = (start + i) % kBlocks;
+      const int j = (start + i) % mod;
       if (leader) tma::arrive_expect_tx(box_bar(t, j), kBlockBytes);
       wg::mbar_wait(box_bar(t, j), parity);
       // A wgmma.fence of its own after the wait, on every path: without it
@@ -162,10 +170,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r_lo = wg::acc_row(wtid, 0);
   int64_t limit[2];
   row_limits(p, item, row0, rows, r_lo, limit);
-  // softmax: mask and scale tile t's scores, the new row maxima to sM and
-  // the factor from the old ones to s_scale; s becomes P (base 2, against
-  // the new maxima) and l = l * alpha + its row sums (this thread's columns).
-  auto softmax = [&](float(&s)[kTok / 2], int64_t t, bool valid, float* s_scale, float(&alpha)[2], float(&l)[2]) {
+  // publish_max: mask and scale tile t's scores, the new row maxima to sM
+  // and the factor from the old ones to s_scale (all the other warpgroup
+  // waits for), l *= alpha; m_use is what exponentiate subtracts.
+  auto publish_max = [&](float(&s)[kTok / 2], int64_t t, bool valid, float* s_scale, float(&alpha)[2],
+                         float(&l)[2], float(&m_use)[2]) {
     const int64_t ts = item.begin + t * kTok;
     int lim[2];
 #pragma unroll
@@ -188,7 +197,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mx[i] = fmaxf(mx[i], s[e]);
       }
     }
-    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
@@ -209,6 +217,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         s_scale[r_lo + 8 * i] = alpha[i];
       }
     }
+  };
+  // exponentiate: s becomes P (base 2, against the new maxima), l += its
+  // row sums (this thread's columns).
+  auto exponentiate = [&](float(&s)[kTok / 2], const float(&m_use)[2], float(&l)[2]) {
 #pragma unroll
     for (int e = 0; e < kTok / 2; ++e) {
       const int i = (e >> 1) & 1;
@@ -303,14 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #pragma unroll
   for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
-  float s[kTok / 2], l[2] = {0.f, 0.f}, alpha[2], other[2];
+  float s[kTok / 2], l[2] = {0.f, 0.f}, alpha[2], other[2], m_use[2];
   if (g < n_tiles) {
 #pragma unroll
     for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
     if (g == 0) {
-      compute_s(s, 0, Box0{}, AllBoxes{});
+      compute_s(s, 0, Box0{}, AllBoxes{}, AllBoxes{});
     } else {
-      compute_s(s, 1, BoxRight{}, AllBoxes{});  // the right half first, as it was loaded
+      compute_s(s, 1, BoxRight{}, AllBoxes{}, AllBoxes{});  // the right half first, as it was loaded
     }
     wg::wait<0>();
     wg::fence_regs(s);
@@ -326,10 +338,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (b + 3 < n_tiles) next3 = tile_page(b + 3);
     if (g == 0) {
       // -------- warpgroup 0: tile b --------
-      softmax(s, b, page_valid(own), s_scale0, alpha, l);
+      // The rope box of tile b's stage is free once S(b) is: tile b + 2's goes out first.
+      if (b + 2 < n_tiles) load_kv(b + 2, next2, kBlocks - 1, kBlocks);
+      publish_max(s, b, page_valid(own), s_scale0, alpha, l, m_use);
+      wg::bar_arrive(kBarScale0, kThreads);
+      exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
-      wg::bar_arrive(kBarScale0, kThreads);
       zero_v(b, 0, kLeft);
       product_own(b);
       wg::wait<0>();
@@ -352,20 +367,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (b + 2 < n_tiles) {
 #pragma unroll
         for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
-        compute_s(s, b + 2, Box0{}, LeftBoxes{});
+        compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{});
       }
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with sP1, not the S just issued
         wg::fence_regs(o);
         load_kv(b + 3, next3, 0, kLeft);
       }
-      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightBoxes{});
+      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{});
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(s);
       own = next2;
     } else {
       // -------- warpgroup 1: tile b + 1 --------
+      if (b + 3 < n_tiles) load_kv(b + 3, next3, kBlocks - 1, kBlocks);  // as warpgroup 0's above
       wg::bar_sync(kBarScale0, kThreads);
       other[0] = s_scale0[r_lo];
       other[1] = s_scale0[r_lo + 8];
@@ -376,13 +392,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         // C7515: it serializes every wgmma of the kernel).
         wg::wait<0>();
         wg::fence_regs(s);
-        softmax(s, b + 1, page_valid(own), s_scale1, alpha, l);
+        publish_max(s, b + 1, page_valid(own), s_scale1, alpha, l, m_use);
+        wg::bar_arrive(kBarScale1, kThreads);
+        exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
         if ((lane & 3) == 0) s_scale1[r_lo] = s_scale1[r_lo + 8] = 1.f;
+        wg::bar_arrive(kBarScale1, kThreads);
       }
       rescale_o(other[0] * alpha[0], other[1] * alpha[1]);
-      wg::bar_arrive(kBarScale1, kThreads);
       if (b + 1 < n_tiles) {
         wg::acc_to_a<kBf16>(s, pk);
         store_p(s, s_p1, 1.f, 1.f);
@@ -396,15 +414,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
         wg::fence_regs(pk);
-        load_kv(b + 3, next3, kLeft, kBlocks);
+        load_kv(b + 3, next3, kLeft, kBlocks - 1);
       }
       wg::wait<0>();
       wg::fence_regs(o);
-      if (b + 2 < n_tiles) load_kv(b + 2, next2, kLeft, kBlocks);
+      if (b + 2 < n_tiles) load_kv(b + 2, next2, kLeft, kBlocks - 1);
       if (b + 3 < n_tiles) {
 #pragma unroll
         for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
-        compute_s(s, b + 3, BoxRight{}, AllBoxes{});  // its own right half was refilled first
+        compute_s(s, b + 3, BoxRope{}, OneBox{}, AllBoxes{});
+        compute_s(s, b + 3, BoxRight{}, VBoxes{}, VBoxes{});  // its own right half was refilled first
       }
       wg::wait<0>();
       wg::fence_regs(o);
