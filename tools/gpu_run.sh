@@ -5,6 +5,7 @@
 #   bash tools/gpu_run.sh "pytest mesontest bench:overhead,attn sanitizer"
 #   bash tools/gpu_run.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
 #   bash tools/gpu_run.sh "decode-ab:seesaw"   (a decode kernel switch against the default, one build)
+#   bash tools/gpu_run.sh "ncu-decode:seesaw,wgmma"   (where each decode kernel and FlashMLA wait, by ncu)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
 set -uo pipefail
@@ -185,6 +186,29 @@ for step in $STEPS; do
           timeout 300 python3 -m mlacore bench --mode attn --shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}" \
           --json "$OUT/attn-ab-$side-$n.json" > "$OUT/attn-ab-$side-$n.txt" 2>&1
         echo "$side: rc=$? $(grep -E "x fa3: geomean" "$OUT/attn-ab-$side-$n.txt")"
+      done ;;
+    ncu-decode|ncu-decode:*)
+      # Where the decode kernels' warps wait: one launch each at NCU_SHAPE (default
+      # "32 8192 128 64") under ncu --set full, for every MLACORE_DECODE_KERNEL value listed
+      # (default "seesaw wgmma") and FlashMLA when importable, each grouped by
+      # research/decode/ncu_stalls.py into $OUT/ncu-<kernel>.txt (details page included).
+      # FlashMLA: MLACORE_SITE_FIRST=$(bash tools/flashmla_build.sh | tail -1) puts it on the path.
+      shape=${NCU_SHAPE:-32 8192 128 64}; kernels=${step#ncu-decode}; kernels=${kernels#:}
+      for k in $(echo "${kernels:-seesaw,wgmma}" | tr ',' ' ') flashmla; do
+        if [ "$k" = flashmla ]; then kind=decode-flashmla; regex="regex:splitkv_mla"; env_k=
+        else kind=decode; regex="regex:mla_decode_$k"; env_k=$k; fi
+        (cd "$ROOT" && MLACORE_DECODE_KERNEL=$env_k PYTHONPATH="$PYTHONPATH:$ROOT" timeout 180 ncu -k "$regex" \
+          --launch-skip 2 --launch-count 1 --set full --import-source yes --clock-control none -f -o "/tmp/ncu-$k" \
+          python3 research/decode/profile_cases.py $kind $shape) > "$OUT/ncu-$k-run.txt" 2>&1
+        if [ -f "/tmp/ncu-$k.ncu-rep" ]; then
+          ncu -i "/tmp/ncu-$k.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu-$k.csv" 2>&1
+          { ncu -i "/tmp/ncu-$k.ncu-rep" --page details | grep -E "Duration|Elapsed Cycles|Issue Slots Busy|Executed Ipc|No Eligible|Registers Per|highest-utilized|Grid Size"
+            python3 "$ROOT/research/decode/ncu_stalls.py" "/tmp/ncu-$k.csv" 16; } > "$OUT/ncu-$k.txt" 2>&1
+          rm -f "/tmp/ncu-$k.ncu-rep" "/tmp/ncu-$k.csv"
+          echo "ncu $k: $(grep -m1 Duration "$OUT/ncu-$k.txt" | tr -s ' ')"
+        else
+          echo "ncu $k: no report ($(tail -1 "$OUT/ncu-$k-run.txt"))"
+        fi
       done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
