@@ -59,6 +59,15 @@ constexpr int kBarScale1 = 2;  // 1 -> 0: sM and sScale1 of tile b + 1 written
 constexpr int kBarP0 = 3;      // 0 -> 1: sP0 written
 constexpr int kBarO1 = 4;      // 1 -> 0: sP1 written and warpgroup 1's product with sP0 issued
 constexpr int kBarOwn = 5;     // + warpgroup: its 128 threads
+// The four hand-offs (ids 1..4) as mbarriers (racecheck builds, meson
+// -Dracecheck_barriers=true), one phase a pair, or as named barriers the
+// arriving side enters with bar.arrive, which racecheck does not model.
+constexpr bool kHandoffMbarriers =
+#if defined(MLACORE_RACECHECK_BARRIERS)
+    true;
+#else
+    false;
+#endif
 // Shared memory, bytes from a 1024-aligned base.
 constexpr int kOffQ = 0;
 constexpr int kOffP1 = kOffQ + (kBlocks - 1) * kBlockBytes;  // Q's rope block, held in registers
@@ -69,7 +78,8 @@ constexpr int kOffScale0 = kOffM + kRows * 4;   // float[kRows]: tile b's rescal
 constexpr int kOffScale1 = kOffScale0 + kRows * 4;
 constexpr int kOffSum = kOffScale1 + kRows * 4;  // float[2][kRows]: each warpgroup's row sums
 constexpr int kOffBar = kOffSum + 2 * kRows * 4;  // uint64[2][kBlocks]: a box's mbarrier
-constexpr int kSmemUsed = kOffBar + 2 * kBlocks * 8;
+constexpr int kOffHand = kOffBar + 2 * kBlocks * 8;  // uint64[4]: the hand-offs' mbarriers (racecheck builds)
+constexpr int kSmemUsed = kOffHand + 4 * 8;
 constexpr int kSmem = kSmemUsed + 1024;
 static_assert(kSmem <= 232448, "over the H100/H200 opt-in shared memory per block (227 KB)");
 static_assert(kRows == 64 && kTok == 64, "one m64 wgmma row tile, 64-token tiles");
@@ -100,6 +110,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto stage = [s_base](int64_t t) { return s_base + kOffK + static_cast<uint32_t>(t & 1) * kTileBytes; };
   auto box_bar = [s_base](int64_t t, int j) {
     return s_base + kOffBar + 8 * (static_cast<uint32_t>(t & 1) * kBlocks + j);
+  };
+  // A hand-off of pair b (one side arrives, the other waits; ids 1..4).
+  auto hand_arrive = [s_base](int id) {
+    if constexpr (kHandoffMbarriers) wg::mbar_arrive(s_base + kOffHand + 8 * (id - 1));
+    else wg::bar_arrive(id, kThreads);
+  };
+  auto hand_wait = [s_base](int id, int64_t b) {
+    if constexpr (kHandoffMbarriers) wg::mbar_wait(s_base + kOffHand + 8 * (id - 1), static_cast<uint32_t>((b >> 1) & 1));
+    else wg::bar_sync(id, kThreads);
   };
 
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -294,6 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- prologue ----
   if (tid == 0) {
     for (int j = 0; j < 2 * kBlocks; ++j) wg::mbar_init(s_base + kOffBar + 8 * j, 1);
+    if (kHandoffMbarriers)
+      for (int j = 0; j < 4; ++j) wg::mbar_init(s_base + kOffHand + 8 * j, kThreads / 2);
     tma::fence_barrier_init();
   }
   load_q(p, item, row0, rows, s_q, tid);
@@ -341,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The rope box of tile b's stage is free once S(b) is: tile b + 2's goes out first.
       if (b + 2 < n_tiles) load_kv(b + 2, next2, kBlocks - 1, kBlocks);
       publish_max(s, b, page_valid(own), s_scale0, alpha, l, m_use);
-      wg::bar_arrive(kBarScale0, kThreads);
+      hand_arrive(kBarScale0);
       exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
@@ -350,16 +371,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(pk);
-      wg::bar_sync(kBarScale1, kThreads);
+      hand_wait(kBarScale1, b);
       if (b + 2 < n_tiles) load_kv(b + 2, next2, 0, kLeft);
       other[0] = s_scale1[r_lo];
       other[1] = s_scale1[r_lo + 8];
       store_p(s, s_p0, other[0], other[1]);  // P of tile b against tile b + 1's maxima
-      wg::bar_arrive(kBarP0, kThreads);
+      hand_arrive(kBarP0);
       l[0] *= other[0];
       l[1] *= other[1];
       if (b + 1 < n_tiles) {
-        wg::bar_sync(kBarO1, kThreads);
+        hand_wait(kBarO1, b);
         zero_v(b + 1, 0, kLeft);
         rescale_o(other[0], other[1]);
         product_other(b + 1, 1);
@@ -382,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // -------- warpgroup 1: tile b + 1 --------
       if (b + 3 < n_tiles) load_kv(b + 3, next3, kBlocks - 1, kBlocks);  // as warpgroup 0's above
-      wg::bar_sync(kBarScale0, kThreads);
+      hand_wait(kBarScale0, b);
       other[0] = s_scale0[r_lo];
       other[1] = s_scale0[r_lo + 8];
       l[0] *= other[0];
@@ -393,12 +414,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wait<0>();
         wg::fence_regs(s);
         publish_max(s, b + 1, page_valid(own), s_scale1, alpha, l, m_use);
-        wg::bar_arrive(kBarScale1, kThreads);
+        hand_arrive(kBarScale1);
         exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
         if ((lane & 3) == 0) s_scale1[r_lo] = s_scale1[r_lo + 8] = 1.f;
-        wg::bar_arrive(kBarScale1, kThreads);
+        hand_arrive(kBarScale1);
       }
       rescale_o(other[0] * alpha[0], other[1] * alpha[1]);
       if (b + 1 < n_tiles) {
@@ -407,10 +428,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_v(b + 1, kLeft, 2 * kLeft);
         product_own(b + 1);
       }
-      wg::bar_sync(kBarP0, kThreads);
+      hand_wait(kBarP0, b);
       zero_v(b, kLeft, 2 * kLeft);
       product_other(b, 0);
-      if (b + 1 < n_tiles) wg::bar_arrive(kBarO1, kThreads);
+      if (b + 1 < n_tiles) hand_arrive(kBarO1);
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
         wg::fence_regs(pk);
