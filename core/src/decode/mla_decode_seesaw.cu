@@ -10,10 +10,11 @@
 // a half of a stage refills it (the rope box, which no product reads, as soon
 // as the tile's S is done), and the next S runs box by box in the order of
 // the refills. Each warpgroup publishes its row maxima before it
-// exponentiates, so the other's softmax waits for the maxima alone. Same contract, schedule, epilogue and combine as the wgmma
-// kernel. Design: docs/design/2026-12-03-decode-seesaw.md; the barrier
-// protocol is research/decode/seesaw_model.py's, whose op lists the loops
-// below follow (change both together).
+// exponentiates, so the other's softmax waits for the maxima alone. Same
+// contract, schedule, epilogue and combine as the wgmma kernel. Design:
+// docs/design/2026-12-03-decode-seesaw.md; the barrier protocol is
+// research/decode/seesaw_model.py's, whose op lists the loops below follow
+// (change both together).
 // Selected only with MLACORE_DECODE_KERNEL=seesaw (mla_decode_launch.cu).
 #include "gpu/compat.h"
 
@@ -154,14 +155,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   // compute_s: S += Q K^T over `count` boxes of tile t from box `start` on
-  // (modulo `mod`), each box waited for (the leader first arrives
-  // with its byte count) before its four k-steps; Q's rope block comes from
-  // registers. One commit group. (start, count and mod are std::integral_constant:
-  // the loop unrolls, and q_rope stays in registers.)
+  // (modulo `mod`), each box waited for (the leader first arrives with its
+  // byte count) before its four k-steps; Q's rope block comes from
+  // registers. One commit group. (start, count and mod are
+  // std::integral_constant: the loop unrolls, and q_rope stays in registers.)
   const uint64_t desc_q = wg::desc_k_sw128(s_q);
   uint32_t q_rope[16];
-  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c,
-                       auto mod_c) {
+  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c, auto mod_c) {
     constexpr int start = decltype(start_c)::value, count = decltype(count_c)::value;
     constexpr int mod = decltype(mod_c)::value;
     const uint64_t desc_k = wg::desc_k_sw128(stage(t));
