@@ -49,7 +49,8 @@ using BoxRight = std::integral_constant<int, kLeft>;       // V's right half: wa
 using BoxRope = std::integral_constant<int, kBlocks - 1>;  // the kpe box
 using OneBox = std::integral_constant<int, 1>;
 using AllBoxes = std::integral_constant<int, kBlocks>;
-using RopeAndLeft = std::integral_constant<int, kLeft + 1>;  // from BoxRope modulo kBlocks: the rope box, then V's left half
+// From BoxRope modulo kBlocks: the rope box, then V's left half.
+using RopeAndLeft = std::integral_constant<int, kLeft + 1>;
 using VBoxes = std::integral_constant<int, kBlocks - 1>;     // V's boxes: as a modulus, skips the rope box
 using RightV = std::integral_constant<int, kBlocks - 1 - kLeft>;
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     else wg::bar_arrive(id, kThreads);
   };
   auto hand_wait = [s_base](int id, int64_t b) {
-    if constexpr (kHandoffMbarriers) wg::mbar_wait(s_base + kOffHand + 8 * (id - 1), static_cast<uint32_t>((b >> 1) & 1));
+    const uint32_t parity = static_cast<uint32_t>((b >> 1) & 1);
+    if constexpr (kHandoffMbarriers) wg::mbar_wait(s_base + kOffHand + 8 * (id - 1), parity);
     else wg::bar_sync(id, kThreads);
   };
 
