@@ -6,6 +6,7 @@
 #   bash tools/gpu_run.sh "plan-ab:.devsnap/base.tar"   (the plan bar against another tree)
 #   bash tools/gpu_run.sh "decode-ab:seesaw"   (a decode kernel switch against the default, one build)
 #   bash tools/gpu_run.sh "ncu-decode:seesaw,wgmma"   (where each decode kernel and FlashMLA wait, by ncu)
+#   AB_TREES="x=.scratch/x.tar" bash tools/gpu_run.sh tree-ab   (decode variants built beside this tree)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
 set -uo pipefail
@@ -186,6 +187,33 @@ for step in $STEPS; do
           timeout 300 python3 -m mlacore bench --mode attn --shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}" \
           --json "$OUT/attn-ab-$side-$n.json" > "$OUT/attn-ab-$side-$n.txt" 2>&1
         echo "$side: rc=$? $(grep -E "x fa3: geomean" "$OUT/attn-ab-$side-$n.txt")"
+      done ;;
+    tree-ab)
+      # Decode variants built as trees of their own, against this one, in one call:
+      # AB_TREES="name=tarball ..." (e.g. `git archive wip/x -o .scratch/x.tar`, carried),
+      # each built into /tmp/site-<name> after this tree's install (which put the build
+      # wheels on the path), then `bench --mode attn --shapes $ATTN_SHAPES` alternating
+      # this tree and every variant for AB_ROUNDS rounds (default 2), with
+      # MLACORE_DECODE_KERNEL=$AB_KERNEL (unset: the default kernel). A variant that does
+      # not build is left out and said so, never replaced by this tree.
+      sides="this"
+      for spec in ${AB_TREES:-}; do
+        name=${spec%%=*}; tarball=${spec#*=}
+        rm -rf "/tmp/src-$name" "/tmp/site-$name"; mkdir -p "/tmp/src-$name"; tar -xf "$tarball" -C "/tmp/src-$name"
+        if (cd "/tmp/src-$name" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/site-$name" \
+              -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-$name.txt" 2>&1); then
+          sides="$sides $name"
+        else
+          echo "$name: did not build ($(tail -1 "$OUT/build-$name.txt")); left out"
+        fi
+      done
+      for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+        for side in $sides; do
+          site=/tmp/site; [ "$side" = this ] || site="/tmp/site-$side:/tmp/site"
+          env PYTHONPATH="$site" ${AB_KERNEL:+MLACORE_DECODE_KERNEL=$AB_KERNEL} timeout 300 python3 -m mlacore bench --mode attn \
+            --shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}" --json "$OUT/tree-ab-$side-$r.json" > "$OUT/tree-ab-$side-$r.txt" 2>&1
+          echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-$side-$r.txt")"
+        done
       done ;;
     ncu-decode|ncu-decode:*)
       # Where the decode kernels' warps wait: one launch each at NCU_SHAPE (default
