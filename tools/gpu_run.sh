@@ -192,10 +192,11 @@ for step in $STEPS; do
       # Decode variants built as trees of their own, against this one, in one call:
       # AB_TREES="name=tarball ..." (e.g. `git archive wip/x -o .scratch/x.tar`, carried),
       # each built into /tmp/site-<name> after this tree's install (which put the build
-      # wheels on the path), then `bench --mode attn --shapes $ATTN_SHAPES` alternating
-      # this tree and every variant for AB_ROUNDS rounds (default 2), with
-      # MLACORE_DECODE_KERNEL=$AB_KERNEL (unset: the default kernel). A variant that does
-      # not build is left out and said so, never replaced by this tree.
+      # wheels on the path), then `bench --mode attn --shapes $ATTN_SHAPES` (or
+      # `--mode $AB_MODE`, e.g. append) alternating this tree and every variant for
+      # AB_ROUNDS rounds (default 2), with MLACORE_DECODE_KERNEL=$AB_KERNEL (unset: the
+      # default kernel). A variant that does not build is left out and said so, never
+      # replaced by this tree.
       sides="this"
       for spec in ${AB_TREES:-}; do
         name=${spec%%=*}; tarball=${spec#*=}
@@ -210,8 +211,9 @@ for step in $STEPS; do
       for r in $(seq 1 "${AB_ROUNDS:-2}"); do
         for side in $sides; do
           site=/tmp/site; [ "$side" = this ] || site="/tmp/site-$side:/tmp/site"
-          env PYTHONPATH="$site" ${AB_KERNEL:+MLACORE_DECODE_KERNEL=$AB_KERNEL} timeout 300 python3 -m mlacore bench --mode attn \
-            --shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}" --json "$OUT/tree-ab-$side-$r.json" > "$OUT/tree-ab-$side-$r.txt" 2>&1
+          mode=${AB_MODE:-attn}; shapes=(); [ "$mode" = attn ] && shapes=(--shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}")
+          env PYTHONPATH="$site" ${AB_KERNEL:+MLACORE_DECODE_KERNEL=$AB_KERNEL} timeout 300 python3 -m mlacore bench --mode "$mode" \
+            "${shapes[@]}" --json "$OUT/tree-ab-$side-$r.json" > "$OUT/tree-ab-$side-$r.txt" 2>&1
           echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-$side-$r.txt")"
         done
       done ;;
