@@ -335,11 +335,13 @@ def _host_table(ctx, fi):
 
     drain = torch.cuda.synchronize if ctx.gpu else None
 
-    contenders = [("torch.add_ (baseline)", lambda: x.add_(y)),
-              ("mlacore append_paged_mla_kv_cache",
-               lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab)),
-              ("mlacore append_paged_kv_cache", lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab)),
-              ("mlacore concat_and_cache_mla", lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None))]
+    contenders = [
+        ("torch.add_ (baseline)", lambda: x.add_(y)),
+        ("mlacore append_paged_mla_kv_cache",
+         lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab)),
+        ("mlacore append_paged_kv_cache", lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab)),
+        ("mlacore concat_and_cache_mla", lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)),
+    ]
     failed = []
     if fi is not None:
         for name, fn in (("flashinfer append_paged_mla_kv_cache",
@@ -354,9 +356,9 @@ def _host_table(ctx, fi):
     # Every call timed in the same rounds, in rotating order: the host's drift between
     # rounds (it moved these ratios by 0.2-0.3 between runs timed one call after another)
     # hits all of them alike.
-    us = host_us_paired([fn for _, fn in contenders], calls, drain=drain)
-    add_us = us[0]
-    rows = [(name, u) for (name, _), u in zip(contenders, us)] + failed
+    timed = host_us_paired([fn for _, fn in contenders], calls, drain=drain)
+    add_us = timed[0]
+    rows = [(name, us) for (name, _), us in zip(contenders, timed)] + failed
     if ctx.gpu:
         torch.cuda.synchronize()
     t = Table(f"host time per call on {dev}, nnz=32, page_size 16 (median of 7 alternating rounds x {calls} calls)",
