@@ -19,6 +19,7 @@
 #include "decode/mla_decode.h"
 #include "decode/mla_decode_device.cuh"
 #include "decode/mla_decode_sm90.h"
+#include "decode/mla_decode_sm90_steps.cuh"
 
 namespace mlacore {
 namespace {
@@ -75,7 +76,6 @@ static_assert(0 < kBarStart && kBarStart < kBarKvEmpty && kBarKvEmpty < kBarPFul
 template <bool kBf16, class Idx>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams<Idx> p) {
 #if defined(MLACORE_WGMMA_ENABLED)
-  constexpr int kChunks = kQkDim / 8;  // 16-byte chunks per 576-element row
   constexpr int kOCols = kCkvDim / 2;  // O columns per warpgroup
   // Warpgroup 0's P V takes P from registers (register-A wgmma). false: from
   // its shared-memory copy, as warpgroup 1 does (same barriers; a switch to
@@ -119,8 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 
   const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
 
-  const auto* qn = static_cast<const uint16_t*>(p.q_nope);
-  const auto* qp = static_cast<const uint16_t*>(p.q_pe);
   const auto* ckv = static_cast<const uint16_t*>(p.ckv);
   const auto* kpe = static_cast<const uint16_t*>(p.kpe);
 
@@ -171,14 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // O alike, and the first KV position each may not see.
   const int r_lo = wg::acc_row(wtid, 0);
   int64_t limit[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t grow = row0 + r_lo + 8 * i;
-    const int64_t t = grow / H;
-    int64_t lim = p.causal ? item.kv_len - item.qo_len + t + 1 : item.kv_len;
-    lim = lim < item.end ? lim : item.end;
-    limit[i] = grow < rows ? lim : 0;
-  }
+  row_limits(p, item, row0, rows, r_lo, limit);
 
   float o[kOCols / 2];
 #pragma unroll
@@ -198,26 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   if (g == 1) fetch_all(0, next);
 
   // Query tile -> shared (zero rows past the request), once per CTA, by all
-  // 256 threads: its own commit group, the oldest of every thread. Eight
-  // threads a row (a warp reads four whole 128-byte lines an instruction),
-  // so each thread divides its row by H twice, not once per chunk: with the
-  // 64-bit division per chunk the last Q loads, and the KV loads queued
-  // behind them, went out microseconds into the CTA.
-  constexpr int kQRowsPerPass = kThreads / 8;
-#pragma unroll
-  for (int pass = 0; pass < kRows / kQRowsPerPass; ++pass) {
-    const int r = pass * kQRowsPerPass + (tid >> 3);
-    const int64_t grow = row0 + r;
-    const bool valid = grow < rows;
-    const int64_t t = valid ? grow / H : 0, h = valid ? grow % H : 0;
-    const uint16_t* nope = qn + (item.qo_begin + t) * p.q_nope_stride_t + h * p.q_nope_stride_h;
-    const uint16_t* pe = qp + (item.qo_begin + t) * p.q_pe_stride_t + h * p.q_pe_stride_h;
-#pragma unroll
-    for (int c = tid & 7; c < kChunks; c += 8) {
-      const uint16_t* src = c < kCkvDim / 8 ? nope + c * 8 : pe + (c - kCkvDim / 8) * 8;
-      cp_async16(s_q + wg::sw128_tile(r, c, kRows), valid ? src : qn, valid);
-    }
-  }
+  // 256 threads: its own commit group, the oldest of every thread.
+  load_q(p, item, row0, rows, s_q, tid);
   cp_async_commit();
   if (g == 1) {
     issue(0, 0, next);
@@ -478,61 +451,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   }
   __syncthreads();
 
-  const bool to_partial = item.partial >= 0;
-  if (to_partial) {
-    // fp32 partial rows, contiguous in partial_o: through shared memory (the
-    // KV stages, free now), so that each warp stores 512 contiguous bytes an
-    // instruction instead of 8-byte pairs on eight rows. The fragment stores
-    // put 16-byte chunk c of row r at chunk c ^ (r & 7), and a row read back
-    // stays one conflict-free 512-byte sweep.
-    float* s_o = reinterpret_cast<float*>(smem + kOffKv);
-    static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = r_lo + 8 * i;
-      const float l = s_sum[r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int col0 = g * kOCols + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < kOCols / 8; ++j) {
-        const int col = col0 + 8 * j;
-        *reinterpret_cast<float2*>(s_o + r * kCkvDim + (((col >> 2) ^ (r & 7)) << 2) + (col & 3)) =
-            make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-      }
-      const int64_t grow = row0 + r;
-      if (grow < rows && grow < rows_cap && g == 0 && (lane & 3) == 0)
-        p.partial_lse[item.partial * rows_cap + grow] = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
-    }
-    __syncthreads();
-    constexpr int kRowChunks = kCkvDim / 4;  // 16-byte chunks of an fp32 row
-    float* dst = p.partial_o + (item.partial * rows_cap + row0) * kCkvDim;
-#pragma unroll 4
-    for (int idx = tid; idx < kRows * kRowChunks; idx += kThreads) {
-      const int r = idx / kRowChunks, c = idx % kRowChunks;
-      const int64_t grow = row0 + r;
-      if (grow < rows && grow < rows_cap)
-        *reinterpret_cast<float4*>(dst + r * kCkvDim + c * 4) =
-            *reinterpret_cast<const float4*>(s_o + r * kCkvDim + ((c ^ (r & 7)) << 2));
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = r_lo + 8 * i;
-      const float l = s_sum[r];
-      const int64_t grow = row0 + r;
-      if (grow >= rows) continue;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse = l > 0.f ? m_run[i] + log2f(l) : -INFINITY;
-      const int64_t t = grow / H, h = grow % H;
-      const int col0 = g * kOCols + 2 * (lane & 3);
-      uint16_t* dst =
-          static_cast<uint16_t*>(p.out) + (item.qo_begin + t) * p.out_stride_t + h * p.out_stride_h + col0;
-#pragma unroll
-      for (int j = 0; j < kOCols / 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<kBf16>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-      if (p.lse && g == 0 && (lane & 3) == 0) p.lse[(item.qo_begin + t) * p.lse_stride_t + h * p.lse_stride_h] = lse;
-    }
-  }
+  // O through the KV stages, free now.
+  static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
+  store_o_tile<kBf16>(p, item, row0, rows, rows_cap, reinterpret_cast<float*>(smem + kOffKv), s_sum, m_run, o, tid);
 #else
   // Compiled for a target without wgmma: the launcher refuses to launch it
   // (binary check below), so reaching this is a dispatch bug.
