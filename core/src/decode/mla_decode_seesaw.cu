@@ -53,6 +53,8 @@ using AllBoxes = std::integral_constant<int, kBlocks>;
 using RopeAndLeft = std::integral_constant<int, kLeft + 1>;
 using VBoxes = std::integral_constant<int, kBlocks - 1>;     // V's boxes: as a modulus, skips the rope box
 using RightV = std::integral_constant<int, kBlocks - 1 - kLeft>;
+using Fresh = std::true_type;         // compute_s: a new tile's S (its first k-step does not read S)
+using Accumulate = std::false_type;   // compute_s: S so far plus more boxes
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // Q, or one KV stage
 // Named barriers: one side arrives, the other waits (ids 1..4); 5 and 6 are
 // the warpgroups' own (128 threads).
@@ -161,11 +163,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // byte count) before its four k-steps; Q's rope block comes from
   // registers. One commit group. (start, count and mod are
   // std::integral_constant: the loop unrolls, and q_rope stays in registers.)
+  // With Fresh, the first k-step writes S without reading it: a new tile's S,
+  // with no zeroing of the accumulators first.
   const uint64_t desc_q = wg::desc_k_sw128(s_q);
   uint32_t q_rope[16];
-  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c, auto mod_c) {
+  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c, auto mod_c, auto fresh_c) {
     constexpr int start = decltype(start_c)::value, count = decltype(count_c)::value;
     constexpr int mod = decltype(mod_c)::value;
+    constexpr bool fresh = decltype(fresh_c)::value;
     const uint64_t desc_k = wg::desc_k_sw128(stage(t));
     const uint32_t parity = static_cast<uint32_t>((t >> 1) & 1);
     wg::fence_regs(s);
@@ -180,8 +185,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 4 * j; kk < 4 * j + 4; ++kk) {
         const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
-        if (j < kBlocks - 1) wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
-        else wg::mma_m64n64k16_rs<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
+        const bool first = fresh && i == 0 && kk == 4 * j;
+        if (j < kBlocks - 1) {
+          if (first) wg::mma_m64n64k16_ss_first<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+          else wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+        } else {
+          if (first) wg::mma_m64n64k16_rs_first<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
+          else wg::mma_m64n64k16_rs<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
+        }
       }
     }
     wg::commit();
@@ -340,12 +351,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
   float s[kTok / 2], l[2] = {0.f, 0.f}, alpha[2], other[2], m_use[2];
   if (g < n_tiles) {
-#pragma unroll
-    for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
     if (g == 0) {
-      compute_s(s, 0, Box0{}, AllBoxes{}, AllBoxes{});
+      compute_s(s, 0, Box0{}, AllBoxes{}, AllBoxes{}, Fresh{});
     } else {
-      compute_s(s, 1, BoxRight{}, AllBoxes{}, AllBoxes{});  // the right half first, as it was loaded
+      compute_s(s, 1, BoxRight{}, AllBoxes{}, AllBoxes{}, Fresh{});  // the right half first, as it was loaded
     }
     wg::wait<0>();
     wg::fence_regs(s);
@@ -388,16 +397,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         product_other(b + 1, 1);
       }
       if (b + 2 < n_tiles) {
-#pragma unroll
-        for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
-        compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{});
+        compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{}, Fresh{});
       }
       if (b + 3 < n_tiles) {
         wg::wait<1>();  // the product with sP1, not the S just issued
         wg::fence_regs(o);
         load_kv(b + 3, next3, 0, kLeft);
       }
-      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{});
+      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{}, Accumulate{});
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(s);
@@ -443,10 +450,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence_regs(o);
       if (b + 2 < n_tiles) load_kv(b + 2, next2, kLeft, kBlocks - 1);
       if (b + 3 < n_tiles) {
-#pragma unroll
-        for (int e = 0; e < kTok / 2; ++e) s[e] = 0.f;
-        compute_s(s, b + 3, BoxRope{}, OneBox{}, AllBoxes{});
-        compute_s(s, b + 3, BoxRight{}, VBoxes{}, VBoxes{});  // its own right half was refilled first
+        compute_s(s, b + 3, BoxRope{}, OneBox{}, AllBoxes{}, Fresh{});
+        compute_s(s, b + 3, BoxRight{}, VBoxes{}, VBoxes{}, Accumulate{});  // its own right half was refilled first
       }
       wg::wait<0>();
       wg::fence_regs(o);

@@ -204,7 +204,7 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
 // D[64x64] += A[64x16] * B[16x64]: A and B both K-major in shared memory
 // (the decode kernel's S = Q K^T over a whole 64-token tile). AB is the
 // operand type, "bf16" or "f16".
-#define MLACORE_WGMMA_M64N64K16_SS(AB)                                                               \
+#define MLACORE_WGMMA_M64N64K16_SS(AB, ACC)                                                          \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                          \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " {"                          \
                "%0, %1, %2, %3, %4, %5, %6, %7, "                                                    \
@@ -213,13 +213,13 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
                "%24, %25, %26, %27, %28, %29, %30, %31"                                              \
                "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                    \
                : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24) \
-               : "l"(desc_a), "l"(desc_b), "r"(1)                                                    \
+               : "l"(desc_a), "l"(desc_b), "n"(ACC)                                                  \
                : "memory")
 
 // D[64x64] += A[64x16] * B[16x64]: A from registers (a[0..3], the fragment
 // load_a_block reads), B K-major in shared memory (the seesaw decode kernel's
 // S over Q's rope block, which it holds in registers).
-#define MLACORE_WGMMA_M64N64K16_RS(AB)                                                               \
+#define MLACORE_WGMMA_M64N64K16_RS(AB, ACC)                                                          \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " {"                          \
                "%0, %1, %2, %3, %4, %5, %6, %7, "                                                    \
@@ -228,7 +228,7 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
                "%24, %25, %26, %27, %28, %29, %30, %31"                                              \
                "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                     \
                : MLACORE_WGMMA_ACC8(0), MLACORE_WGMMA_ACC8(8), MLACORE_WGMMA_ACC8(16), MLACORE_WGMMA_ACC8(24) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(ACC)                    \
                : "memory")
 
 // The 128 accumulator operands of an m64n256 wgmma as asm text (%0..%127).
@@ -284,14 +284,25 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
 
 template <bool kBf16>
 __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_SS("bf16");
-  else MLACORE_WGMMA_M64N64K16_SS("f16");
+  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_SS("bf16", 1);
+  else MLACORE_WGMMA_M64N64K16_SS("f16", 1);
+}
+// The same, D = A * B: D's old contents are not read (the first k-step of a product).
+template <bool kBf16>
+__device__ __forceinline__ void mma_m64n64k16_ss_first(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_SS("bf16", 0);
+  else MLACORE_WGMMA_M64N64K16_SS("f16", 0);
 }
 
 template <bool kBf16>
 __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t* a, uint64_t desc_b) {
-  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_RS("bf16");
-  else MLACORE_WGMMA_M64N64K16_RS("f16");
+  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_RS("bf16", 1);
+  else MLACORE_WGMMA_M64N64K16_RS("f16", 1);
+}
+template <bool kBf16>
+__device__ __forceinline__ void mma_m64n64k16_rs_first(float (&d)[32], const uint32_t* a, uint64_t desc_b) {
+  if constexpr (kBf16) MLACORE_WGMMA_M64N64K16_RS("bf16", 0);
+  else MLACORE_WGMMA_M64N64K16_RS("f16", 0);
 }
 
 template <bool kBf16>
