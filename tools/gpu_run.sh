@@ -221,7 +221,8 @@ for step in $STEPS; do
       # Where the decode kernels' warps wait: one launch each at NCU_SHAPE (default
       # "32 8192 128 64") under ncu --set full, for every MLACORE_DECODE_KERNEL value listed
       # (default "seesaw wgmma") and FlashMLA when importable, each grouped by
-      # research/decode/ncu_stalls.py into $OUT/ncu-<kernel>.txt (details page included).
+      # research/decode/ncu_stalls.py into $OUT/ncu-<kernel>.txt, the whole details page
+      # in $OUT/ncu-<kernel>-details.txt.
       # FlashMLA: MLACORE_SITE_FIRST=$(bash tools/flashmla_build.sh | tail -1) puts it on the path.
       shape=${NCU_SHAPE:-32 8192 128 64}; kernels=${step#ncu-decode}; kernels=${kernels#:}
       for k in $(echo "${kernels:-seesaw,wgmma}" | tr ',' ' ') flashmla; do
@@ -232,8 +233,12 @@ for step in $STEPS; do
           python3 research/decode/profile_cases.py $kind $shape) > "$OUT/ncu-$k-run.txt" 2>&1
         if [ -f "/tmp/ncu-$k.ncu-rep" ]; then
           ncu -i "/tmp/ncu-$k.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu-$k.csv" 2>&1
-          { ncu -i "/tmp/ncu-$k.ncu-rep" --page details | grep -E "Duration|Elapsed Cycles|Issue Slots Busy|Executed Ipc|No Eligible|Registers Per|highest-utilized|Grid Size"
+          ncu -i "/tmp/ncu-$k.ncu-rep" --page details > "$OUT/ncu-$k-details.txt" 2>&1
+          { grep -E "Duration|Elapsed Cycles|Issue Slots Busy|Executed Ipc|No Eligible|Registers Per|highest-utilized|Grid Size" \
+              "$OUT/ncu-$k-details.txt"
             python3 "$ROOT/research/decode/ncu_stalls.py" "/tmp/ncu-$k.csv" 16; } > "$OUT/ncu-$k.txt" 2>&1
+          # NCU_KEEP_CSV=1: the per-instruction SASS table comes back too (gzipped).
+          [ "${NCU_KEEP_CSV:-0}" = 1 ] && gzip -c "/tmp/ncu-$k.csv" > "$OUT/ncu-$k-sass.csv.gz"
           rm -f "/tmp/ncu-$k.ncu-rep" "/tmp/ncu-$k.csv"
           echo "ncu $k: $(grep -m1 Duration "$OUT/ncu-$k.txt" | tr -s ' ')"
         else
