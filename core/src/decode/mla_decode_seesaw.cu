@@ -91,10 +91,14 @@ static_assert(kOffK % 1024 == 0 && kOffP0 % 1024 == 0 && kOffP1 % 1024 == 0, "sw
 static_assert(kOffBar % 8 == 0, "mbarriers are 8-byte aligned");
 static_assert(kRows * kCkvDim * 4 <= 2 * kTileBytes, "the fp32 O tile fits the two stages");
 
-// The page of a tile as box coordinates: an invalid page id becomes the
-// out-of-bounds page `pages` (a box of zeros, its tokens masked).
+// The page of a tile as its raw page-table entry (-1 past the request's
+// pages) and the tile's first row in the page. The entry is checked only
+// where it is used (page_box, page_valid), so its load's latency is paid
+// there, hundreds of instructions after it was issued, not at once.
+template <class Idx>
 struct TilePage {
-  int32_t page, off;
+  Idx raw;
+  int32_t off;
 };
 
 template <bool kBf16, class Idx>
@@ -111,8 +115,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* s_scale0 = reinterpret_cast<float*>(smem + kOffScale0);
   float* s_scale1 = reinterpret_cast<float*>(smem + kOffScale1);
   float* s_sum = reinterpret_cast<float*>(smem + kOffSum);
-  auto stage = [s_base](int64_t t) { return s_base + kOffK + static_cast<uint32_t>(t & 1) * kTileBytes; };
-  auto box_bar = [s_base](int64_t t, int j) {
+  // Tile indices are int: a work item spans at most INT32_MAX positions.
+  auto stage = [s_base](int t) { return s_base + kOffK + static_cast<uint32_t>(t & 1) * kTileBytes; };
+  auto box_bar = [s_base](int t, int j) {
     return s_base + kOffBar + 8 * (static_cast<uint32_t>(t & 1) * kBlocks + j);
   };
   // A hand-off of pair b (one side arrives, the other waits; ids 1..4).
@@ -120,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kHandoffMbarriers) wg::mbar_arrive(s_base + kOffHand + 8 * (id - 1));
     else wg::bar_arrive(id, kThreads);
   };
-  auto hand_wait = [s_base](int id, int64_t b) {
+  auto hand_wait = [s_base](int id, int b) {
     const uint32_t parity = static_cast<uint32_t>((b >> 1) & 1);
     if constexpr (kHandoffMbarriers) wg::mbar_wait(s_base + kOffHand + 8 * (id - 1), parity);
     else wg::bar_sync(id, kThreads);
@@ -138,24 +143,50 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, g = tid >> 7, wtid = tid & 127, lane = tid & 31;
   const bool leader = wtid == 0;  // issues its warpgroup's box loads and byte-count arrivals
-  const ItemPages<Idx> lookup(p.pages, item);
-  const int64_t n_tiles = item.end > item.begin ? (item.end - item.begin + kTok - 1) / kTok : 0;
+  // Positions are < item.end <= INT32_MAX, so tile t starts at the 32-bit
+  // position begin32 + 64 t, and the launcher keeps page sizes and page
+  // counts below 2^31.
+  const int n_tiles = item.end > item.begin ? static_cast<int>((item.end - item.begin + kTok - 1) / kTok) : 0;
+  const uint32_t begin32 = static_cast<uint32_t>(item.begin);
+  const uint32_t page_size = static_cast<uint32_t>(p.pages.page_size);
+  const bool page_pow2 = (page_size & (page_size - 1)) == 0;
+  const int page_shift = __ffs(static_cast<int>(page_size)) - 1;
+  // A request's slots past 2^31 are past every position's page.
+  const uint32_t req_pages = static_cast<uint32_t>(
+      item.page_end - item.page_begin < 0x7fffffff ? item.page_end - item.page_begin : 0x7fffffff);
+  const Idx* req_ids = p.pages.indices + item.page_begin * p.pages.indices_stride;
+  const int64_t id_stride = p.pages.indices_stride;
+  const int32_t num_pages = static_cast<int32_t>(p.pages.num_pages);  // in [1, 2^31 - 2] (the launcher)
 
   // ---- steps ----
-  auto page_valid = [&](const TilePage& tp) { return tp.page != p.pages.num_pages; };
-  auto tile_page = [&](int64_t t) {
-    const PageRef r = lookup(item.begin + t * kTok);
-    const bool valid = r.page >= 0 && r.page < p.pages.num_pages;
-    return TilePage{valid ? r.page : static_cast<int32_t>(p.pages.num_pages), r.off};
+  // tile_page: the page-table entry of tile t (t < n_tiles), loaded, not yet read.
+  auto tile_page = [&](int t) {
+    const uint32_t pos = begin32 + static_cast<uint32_t>(t) * kTok;
+    const uint32_t in_req = page_pow2 ? pos >> page_shift : pos / page_size;
+    TilePage<Idx> tp;
+    tp.off = static_cast<int32_t>(pos - in_req * page_size);
+    tp.raw = in_req < req_pages ? req_ids[in_req * id_stride] : Idx(-1);
+    return tp;
   };
-  // load_kv: boxes [lo, hi) of tile t into its stage (the leader alone).
-  auto load_kv = [&](int64_t t, const TilePage& tp, int lo, int hi) {
+  auto page_valid = [&](const TilePage<Idx>& tp) {
+    return tp.raw >= 0 && tp.raw < static_cast<Idx>(num_pages);
+  };
+  // The box coordinate of the page: an invalid id becomes the out-of-bounds
+  // page `num_pages` (a box of zeros; its tokens are masked).
+  auto page_box = [&](const TilePage<Idx>& tp) {
+    return page_valid(tp) ? static_cast<int32_t>(tp.raw) : num_pages;
+  };
+  // load_kv: boxes [lo, hi) of tile t into its stage (the leader alone; lo
+  // and hi are std::integral_constant, so the loop unrolls).
+  auto load_kv = [&](int t, const TilePage<Idx>& tp, auto lo_c, auto hi_c) {
+    constexpr int lo = decltype(lo_c)::value, hi = decltype(hi_c)::value;
     if (!leader) return;
+    const int32_t page = page_box(tp);
 #pragma unroll 1
     for (int j = lo; j < hi; ++j) {
       const uint32_t dst = stage(t) + j * kBlockBytes;
-      if (j < kBlocks - 1) tma::load_3d(dst, &ckv_map, 64 * j, tp.off, tp.page, box_bar(t, j));
-      else tma::load_3d(dst, &kpe_map, 0, tp.off, tp.page, box_bar(t, j));
+      if (j < kBlocks - 1) tma::load_3d(dst, &ckv_map, 64 * j, tp.off, page, box_bar(t, j));
+      else tma::load_3d(dst, &kpe_map, 0, tp.off, page, box_bar(t, j));
     }
   };
   // compute_s: S += Q K^T over `count` boxes of tile t from box `start` on
@@ -167,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // with no zeroing of the accumulators first.
   const uint64_t desc_q = wg::desc_k_sw128(s_q);
   uint32_t q_rope[16];
-  auto compute_s = [&](float(&s)[kTok / 2], int64_t t, auto start_c, auto count_c, auto mod_c, auto fresh_c) {
+  auto compute_s = [&](float(&s)[kTok / 2], int t, auto start_c, auto count_c, auto mod_c, auto fresh_c) {
     constexpr int start = decltype(start_c)::value, count = decltype(count_c)::value;
     constexpr int mod = decltype(mod_c)::value;
     constexpr bool fresh = decltype(fresh_c)::value;
@@ -205,9 +236,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // publish_max: mask and scale tile t's scores, the new row maxima to sM
   // and the factor from the old ones to s_scale (all the other warpgroup
   // waits for), l *= alpha; m_use is what exponentiate subtracts.
-  auto publish_max = [&](float(&s)[kTok / 2], int64_t t, bool valid, float* s_scale, float(&alpha)[2],
+  auto publish_max = [&](float(&s)[kTok / 2], int t, bool valid, float* s_scale, float(&alpha)[2],
                          float(&l)[2], float(&m_use)[2]) {
-    const int64_t ts = item.begin + t * kTok;
+    const int64_t ts = item.begin + static_cast<int64_t>(t) * kTok;
     int lim[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -263,8 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // zero_v: the rows of tile t past the item, in boxes [lo, hi), zeroed (a
   // page's rows past the request are stale, and NaN there would survive a
   // zero probability); then published to this warpgroup's wgmma.
-  auto zero_v = [&](int64_t t, int lo, int hi) {
-    const int64_t left = item.end - (item.begin + t * kTok);
+  auto zero_v = [&](int t, int lo, int hi) {
+    const int64_t left = item.end - (item.begin + static_cast<int64_t>(t) * kTok);
     if (left >= kTok) return;
     const int first = left < 0 ? 0 : static_cast<int>(left);
     const int per_row = (hi - lo) * 8;
@@ -280,10 +311,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O's products over 16-token k-steps: P from registers, or P from shared
   // memory, times this warpgroup's half of V in tile t's stage. Commit each.
   const uint64_t desc_p[2] = {wg::desc_k_sw128(s_p0), wg::desc_k_sw128(s_p1)};
-  auto v_desc = [&](int64_t t) { return wg::desc_mn_sw128(stage(t) + g * kLeft * kBlockBytes, kBlockBytes); };
+  auto v_desc = [&](int t) { return wg::desc_mn_sw128(stage(t) + g * kLeft * kBlockBytes, kBlockBytes); };
   float o[kOCols / 2];
   uint32_t pk[kTok / 4];  // this warpgroup's P as the register A operand
-  auto product_own = [&](int64_t t) {
+  auto product_own = [&](int t) {
     wg::fence_regs(o);
     wg::fence_regs(pk);
     wg::fence();
@@ -293,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv + (wg::mn_major_step(kt) >> 4));
     wg::commit();
   };
-  auto product_other = [&](int64_t t, int which_p) {
+  auto product_other = [&](int t, int which_p) {
     wg::fence_regs(o);
     wg::fence();
     const uint64_t dv = v_desc(t);
@@ -338,13 +369,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the mbarriers, Q and sM
   wg::load_a_block(s_q + (kBlocks - 1) * kBlockBytes, wtid, q_rope);
 
-  TilePage own = tile_page(g);  // the page of this warpgroup's first tile (0 or 1)
+  TilePage<Idx> own = tile_page(g);  // the page of this warpgroup's first tile (0 or 1)
   if (g == 0 && n_tiles > 0) {
-    load_kv(0, own, 0, kBlocks);
+    load_kv(0, own, Box0{}, AllBoxes{});
     if (n_tiles > 1) {
-      const TilePage second = tile_page(1);
-      load_kv(1, second, kLeft, kBlocks);
-      load_kv(1, second, 0, kLeft);
+      const TilePage<Idx> second = tile_page(1);
+      load_kv(1, second, BoxRight{}, AllBoxes{});
+      load_kv(1, second, Box0{}, BoxRight{});
     }
   }
 #pragma unroll
@@ -361,63 +392,67 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- pairs of tiles ----
-  for (int64_t b = 0; b < n_tiles; b += 2) {
+  // pair(b, steady): tiles b (warpgroup 0) and b + 1 (warpgroup 1). A steady
+  // pair is one where tiles b .. b + 3 exist and every row of this CTA sees
+  // tiles b and b + 1 whole: one test a pair instead of the tile-count and
+  // zero-fill tests. (Two loops, a body compiled for each, as FlashMLA's
+  // are, spill in the loop: 255 registers.)
+  auto pair = [&](int b, bool steady) {
+    const bool has1 = steady || b + 1 < n_tiles, has2 = steady || b + 2 < n_tiles, has3 = steady || b + 3 < n_tiles;
     // The page ids of the next pair, loaded now: both warpgroups refill
     // halves of both of its tiles, and the index loads' latency hides behind
     // this pair's softmax and products instead of sitting in front of a refill.
-    TilePage next2 = own, next3 = own;
-    if (b + 2 < n_tiles) next2 = tile_page(b + 2);
-    if (b + 3 < n_tiles) next3 = tile_page(b + 3);
+    TilePage<Idx> next2 = own, next3 = own;
+    if (has2) next2 = tile_page(b + 2);
+    if (has3) next3 = tile_page(b + 3);
     if (g == 0) {
       // -------- warpgroup 0: tile b --------
       // The rope box of tile b's stage is free once S(b) is: tile b + 2's goes out first.
-      if (b + 2 < n_tiles) load_kv(b + 2, next2, kBlocks - 1, kBlocks);
+      if (has2) load_kv(b + 2, next2, BoxRope{}, AllBoxes{});
       publish_max(s, b, page_valid(own), s_scale0, alpha, l, m_use);
       hand_arrive(kBarScale0);
       exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
-      zero_v(b, 0, kLeft);
+      if (!steady) zero_v(b, 0, kLeft);
       product_own(b);
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(pk);
       hand_wait(kBarScale1, b);
-      if (b + 2 < n_tiles) load_kv(b + 2, next2, 0, kLeft);
+      if (has2) load_kv(b + 2, next2, Box0{}, BoxRight{});
       other[0] = s_scale1[r_lo];
       other[1] = s_scale1[r_lo + 8];
       store_p(s, s_p0, other[0], other[1]);  // P of tile b against tile b + 1's maxima
       hand_arrive(kBarP0);
       l[0] *= other[0];
       l[1] *= other[1];
-      if (b + 1 < n_tiles) {
+      if (has1) {
         hand_wait(kBarO1, b);
-        zero_v(b + 1, 0, kLeft);
+        if (!steady) zero_v(b + 1, 0, kLeft);
         rescale_o(other[0], other[1]);
         product_other(b + 1, 1);
       }
-      if (b + 2 < n_tiles) {
-        compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{}, Fresh{});
-      }
-      if (b + 3 < n_tiles) {
+      if (has2) compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{}, Fresh{});
+      if (has3) {
         wg::wait<1>();  // the product with sP1, not the S just issued
         wg::fence_regs(o);
-        load_kv(b + 3, next3, 0, kLeft);
+        load_kv(b + 3, next3, Box0{}, BoxRight{});
       }
-      if (b + 2 < n_tiles) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{}, Accumulate{});
+      if (has2) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{}, Accumulate{});
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(s);
       own = next2;
     } else {
       // -------- warpgroup 1: tile b + 1 --------
-      if (b + 3 < n_tiles) load_kv(b + 3, next3, kBlocks - 1, kBlocks);  // as warpgroup 0's above
+      if (has3) load_kv(b + 3, next3, BoxRope{}, AllBoxes{});  // as warpgroup 0's above
       hand_wait(kBarScale0, b);
       other[0] = s_scale0[r_lo];
       other[1] = s_scale0[r_lo + 8];
       l[0] *= other[0];
       l[1] *= other[1];
-      if (b + 1 < n_tiles) {
+      if (has1) {
         // Nothing is in flight here; the wait tells ptxas so (without it,
         // C7515: it serializes every wgmma of the kernel).
         wg::wait<0>();
@@ -431,25 +466,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         hand_arrive(kBarScale1);
       }
       rescale_o(other[0] * alpha[0], other[1] * alpha[1]);
-      if (b + 1 < n_tiles) {
+      if (has1) {
         wg::acc_to_a<kBf16>(s, pk);
         store_p(s, s_p1, 1.f, 1.f);
-        zero_v(b + 1, kLeft, 2 * kLeft);
+        if (!steady) zero_v(b + 1, kLeft, 2 * kLeft);
         product_own(b + 1);
       }
       hand_wait(kBarP0, b);
-      zero_v(b, kLeft, 2 * kLeft);
+      if (!steady) zero_v(b, kLeft, 2 * kLeft);
       product_other(b, 0);
-      if (b + 1 < n_tiles) hand_arrive(kBarO1);
-      if (b + 3 < n_tiles) {
+      if (has1) hand_arrive(kBarO1);
+      if (has3) {
         wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
         wg::fence_regs(pk);
-        load_kv(b + 3, next3, kLeft, kBlocks - 1);
+        load_kv(b + 3, next3, BoxRight{}, BoxRope{});
       }
       wg::wait<0>();
       wg::fence_regs(o);
-      if (b + 2 < n_tiles) load_kv(b + 2, next2, kLeft, kBlocks - 1);
-      if (b + 3 < n_tiles) {
+      if (has2) load_kv(b + 2, next2, BoxRight{}, BoxRope{});
+      if (has3) {
         compute_s(s, b + 3, BoxRope{}, OneBox{}, AllBoxes{}, Fresh{});
         compute_s(s, b + 3, BoxRight{}, VBoxes{}, VBoxes{}, Accumulate{});  // its own right half was refilled first
       }
@@ -459,7 +494,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence_regs(s);
       own = next3;
     }
-  }
+  };
+  // Tiles every row of the CTA sees whole: below the smallest row limit (a
+  // causal bound grows with the row's query token, so the first real row's
+  // is the smallest; rows past the request are never stored).
+  int64_t min_limit = item.kv_len;
+  if (p.causal) min_limit = item.kv_len - item.qo_len + row0 / H + 1;
+  min_limit = min_limit < item.end ? min_limit : item.end;
+  const int64_t seen = min_limit > item.begin ? (min_limit - item.begin) / kTok : 0;
+  const int whole_tiles = static_cast<int>(seen < n_tiles ? seen : n_tiles);
+  for (int b = 0; b < n_tiles; b += 2) pair(b, b + 4 <= n_tiles && b + 2 <= whole_tiles);
 
   // ---- row sums of both warpgroups, then O ----
 #pragma unroll
