@@ -196,8 +196,10 @@ for step in $STEPS; do
       # `--mode $AB_MODE`, e.g. append) alternating this tree and every variant for
       # AB_ROUNDS rounds (default 2), with MLACORE_DECODE_KERNEL=$AB_KERNEL (unset: the
       # default kernel). A variant that does not build is left out and said so, never
-      # replaced by this tree.
+      # replaced by this tree. AB_THIS_KERNELS="wgmma ..." adds this tree with each of
+      # those kernels as sides of its own ("this@wgmma").
       sides="this"
+      for k in ${AB_THIS_KERNELS:-}; do sides="$sides this@$k"; done
       for spec in ${AB_TREES:-}; do
         name=${spec%%=*}; tarball=${spec#*=}
         rm -rf "/tmp/src-$name" "/tmp/site-$name"; mkdir -p "/tmp/src-$name"; tar -xf "$tarball" -C "/tmp/src-$name"
@@ -210,9 +212,10 @@ for step in $STEPS; do
       done
       for r in $(seq 1 "${AB_ROUNDS:-2}"); do
         for side in $sides; do
-          site=/tmp/site; [ "$side" = this ] || site="/tmp/site-$side:/tmp/site"
+          site=/tmp/site; kernel=${AB_KERNEL:-}
+          case $side in this) ;; this@*) kernel=${side#this@} ;; *) site="/tmp/site-$side:/tmp/site" ;; esac
           mode=${AB_MODE:-attn}; shapes=(); [ "$mode" = attn ] && shapes=(--shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}")
-          env PYTHONPATH="$site" ${AB_KERNEL:+MLACORE_DECODE_KERNEL=$AB_KERNEL} timeout 300 python3 -m mlacore bench --mode "$mode" \
+          env PYTHONPATH="$site" ${kernel:+MLACORE_DECODE_KERNEL=$kernel} timeout 300 python3 -m mlacore bench --mode "$mode" \
             "${shapes[@]}" --json "$OUT/tree-ab-$side-$r.json" > "$OUT/tree-ab-$side-$r.txt" 2>&1
           echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-$side-$r.txt")"
         done

@@ -233,37 +233,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int r_lo = wg::acc_row(wtid, 0);
   int64_t limit[2];
   row_limits(p, item, row0, rows, r_lo, limit);
-  // publish_max: mask and scale tile t's scores, the new row maxima to sM
+  // publish_max: mask tile t's scores, the new row maxima (scaled) to sM
   // and the factor from the old ones to s_scale (all the other warpgroup
   // waits for), l *= alpha; m_use is what exponentiate subtracts.
-  auto publish_max = [&](float(&s)[kTok / 2], int t, bool valid, float* s_scale, float(&alpha)[2],
+  auto publish_max = [&](float(&s)[kTok / 2], int t, bool valid, bool whole, float* s_scale, float(&alpha)[2],
                          float(&l)[2], float(&m_use)[2]) {
-    const int64_t ts = item.begin + static_cast<int64_t>(t) * kTok;
-    int lim[2];
+    // whole: the caller knows every row sees all of tile t (a steady pair).
+    int lim[2] = {kTok, kTok};
+    if (!(whole && valid)) {
+      const int64_t ts = item.begin + static_cast<int64_t>(t) * kTok;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t d = valid ? limit[i] - ts : 0;
-      lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+      for (int i = 0; i < 2; ++i) {
+        const int64_t d = valid ? limit[i] - ts : 0;
+        lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
+      }
     }
-    float mx[2] = {-INFINITY, -INFINITY};
+    // Each row's maximum in two chains of 8.
+    float mx2[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
     if (__all_sync(0xffffffffu, lim[0] == kTok && lim[1] == kTok)) {
 #pragma unroll
-      for (int e = 0; e < kTok / 2; ++e) {
-        s[e] *= p.scale_log2;
-        mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
-      }
+      for (int e = 0; e < kTok / 2; ++e) mx2[(e >> 1) & 1][(e >> 2) & 1] = fmaxf(mx2[(e >> 1) & 1][(e >> 2) & 1], s[e]);
     } else {
 #pragma unroll
       for (int e = 0; e < kTok / 2; ++e) {
         const int i = (e >> 1) & 1;
-        s[e] = wg::acc_col(wtid, e) < lim[i] ? s[e] * p.scale_log2 : -INFINITY;
-        mx[i] = fmaxf(mx[i], s[e]);
+        s[e] = wg::acc_col(wtid, e) < lim[i] ? s[e] : -INFINITY;
+        mx2[i][(e >> 2) & 1] = fmaxf(mx2[i][(e >> 2) & 1], s[e]);
       }
     }
+    float mx[2] = {fmaxf(mx2[0][0], mx2[0][1]), fmaxf(mx2[1][0], mx2[1][1])};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)) * p.scale_log2;  // > 0: the launcher checks
       const float m_old = s_m[r_lo + 8 * i];
       const float m_new = fmaxf(m_old, mx[i]);
       // A row that has seen nothing valid keeps -inf; exponentiate against 0, no inf - inf.
@@ -283,13 +285,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // exponentiate: s becomes P (base 2, against the new maxima), l += its
   // row sums (this thread's columns).
+  // The scale rides in the exponent's multiply-add; each row's 16 values
+  // are summed in two chains of 8.
   auto exponentiate = [&](float(&s)[kTok / 2], const float(&m_use)[2], float(&l)[2]) {
+    const float neg_m[2] = {-m_use[0], -m_use[1]};
+    float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int e = 0; e < kTok / 2; ++e) {
       const int i = (e >> 1) & 1;
-      s[e] = fast_exp2(s[e] - m_use[i]);
-      l[i] += s[e];
+      s[e] = fast_exp2(fmaf(s[e], p.scale_log2, neg_m[i]));
+      sum[i][(e >> 2) & 1] += s[e];
     }
+    l[0] += sum[0][0] + sum[0][1];
+    l[1] += sum[1][0] + sum[1][1];
   };
   // zero_v: the rows of tile t past the item, in boxes [lo, hi), zeroed (a
   // page's rows past the request are stale, and NaN there would survive a
@@ -409,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // -------- warpgroup 0: tile b --------
       // The rope box of tile b's stage is free once S(b) is: tile b + 2's goes out first.
       if (has2) load_kv(b + 2, next2, BoxRope{}, AllBoxes{});
-      publish_max(s, b, page_valid(own), s_scale0, alpha, l, m_use);
+      publish_max(s, b, page_valid(own), steady, s_scale0, alpha, l, m_use);
       hand_arrive(kBarScale0);
       exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
@@ -457,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // C7515: it serializes every wgmma of the kernel).
         wg::wait<0>();
         wg::fence_regs(s);
-        publish_max(s, b + 1, page_valid(own), s_scale1, alpha, l, m_use);
+        publish_max(s, b + 1, page_valid(own), steady, s_scale1, alpha, l, m_use);
         hand_arrive(kBarScale1);
         exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
@@ -536,6 +544,7 @@ bool launch_typed(const DecodeParams<Idx>& p, gpuStream_t stream) {
   const int64_t page_size = p.pages.page_size, pages = p.pages.num_pages;
   if (page_size < kTok || page_size % kTok != 0 || page_size > (int64_t{1} << 30)) return false;
   if (pages < 1 || pages > 0x7ffffffe) return false;  // box coordinates are int32, `pages` itself the zero page
+  if (!(p.scale_log2 > 0.f)) return false;  // the row maxima are taken before scaling
   auto kernel = mla_decode_seesaw_kernel<kBf16, Idx>;
   if (!sm90a_kernel_runs(kernel, p.device, kSmem)) return false;
   // Element strides -> bytes (16-bit elements); the encoder refuses what TMA cannot read.
