@@ -736,12 +736,13 @@ def test_gpu_peaked_scores_ring_and_many_partials(heads, page_size, chunk):
     print(f"peaked h={heads} page={page_size} chunk={chunk}: max err {err:.3e}")
 
 
-def sign_of_scale_case(scale, heads, qo, device):
+def sign_of_scale_case(scale, heads, qo, device, page_size=16):
     # The softmax takes its row maxima after scaling: a negative scale turns the largest raw score
     # into the smallest weight, and a zero one weighs every visible token alike (tails, a masked
-    # page and an empty request included).
+    # page and an empty request included). The seesaw kernel takes its maxima before scaling and
+    # declines a scale that is not positive: page 64 checks that its fallback serves those.
     kv_lens = [700, 65, 0, 129, 3]
-    d = make_batch(kv_lens, [qo] * len(kv_lens), 16, heads, torch.bfloat16, device, seed=5 + heads)
+    d = make_batch(kv_lens, [qo] * len(kv_lens), page_size, heads, torch.bfloat16, device, seed=5 + heads)
     idx = d["kv_indices"].clone()
     idx[2] = -1
     d["kv_indices"] = idx
@@ -757,9 +758,11 @@ def test_cpu_any_sign_of_sm_scale(scale):
 @requires_cuda
 @pytest.mark.parametrize("scale", [-0.2, 0.0, 0.1])
 @pytest.mark.parametrize("heads,qo", [(16, 1), (128, 1), (64, 2)])
-def test_gpu_any_sign_of_sm_scale(scale, heads, qo):
-    # The mma.sync kernel (16 heads) and the 64-row-tile kernels (wgmma on sm_90a).
-    sign_of_scale_case(scale, heads, qo, "cuda")
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_gpu_any_sign_of_sm_scale(scale, heads, qo, page_size):
+    # The mma.sync kernel (16 heads) and the 64-row-tile kernels (wgmma on sm_90a; with
+    # MLACORE_DECODE_KERNEL=seesaw at page 64, the seesaw for the positive scale).
+    sign_of_scale_case(scale, heads, qo, "cuda", page_size)
 
 
 @requires_cuda
