@@ -283,10 +283,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  // exponentiate: s becomes P (base 2, against the new maxima), l += its
-  // row sums (this thread's columns).
-  // The scale rides in the exponent's multiply-add; each row's 16 values
-  // are summed in two chains of 8.
+  // exponentiate: s becomes P (base 2, against the new maxima; the scale
+  // rides in the exponent's multiply-add), l += its row sums (this thread's
+  // 16 values a row, in two chains of 8).
   auto exponentiate = [&](float(&s)[kTok / 2], const float(&m_use)[2], float(&l)[2]) {
     const float neg_m[2] = {-m_use[0], -m_use[1]};
     float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
