@@ -197,7 +197,8 @@ for step in $STEPS; do
       # AB_ROUNDS rounds (default 2), with MLACORE_DECODE_KERNEL=$AB_KERNEL (unset: the
       # default kernel). A variant that does not build is left out and said so, never
       # replaced by this tree. AB_THIS_KERNELS="wgmma ..." adds this tree with each of
-      # those kernels as sides of its own ("this@wgmma").
+      # those kernels as sides of its own ("this@wgmma", files tree-ab-this-at-wgmma-*: a
+      # name with "@" does not come back from the device).
       sides="this"
       for k in ${AB_THIS_KERNELS:-}; do sides="$sides this@$k"; done
       for spec in ${AB_TREES:-}; do
@@ -216,8 +217,8 @@ for step in $STEPS; do
           case $side in this) ;; this@*) kernel=${side#this@} ;; *) site="/tmp/site-$side:/tmp/site" ;; esac
           mode=${AB_MODE:-attn}; shapes=(); [ "$mode" = attn ] && shapes=(--shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}")
           env PYTHONPATH="$site" ${kernel:+MLACORE_DECODE_KERNEL=$kernel} timeout 300 python3 -m mlacore bench --mode "$mode" \
-            "${shapes[@]}" --json "$OUT/tree-ab-$side-$r.json" > "$OUT/tree-ab-$side-$r.txt" 2>&1
-          echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-$side-$r.txt")"
+            "${shapes[@]}" --json "$OUT/tree-ab-${side/@/-at-}-$r.json" > "$OUT/tree-ab-${side/@/-at-}-$r.txt" 2>&1
+          echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-${side/@/-at-}-$r.txt")"
         done
       done ;;
     ncu-decode|ncu-decode:*)
