@@ -20,6 +20,7 @@
 #include "decode/mla_decode_device.cuh"
 #include "decode/mla_decode_sm90.h"
 #include "decode/mla_decode_sm90_steps.cuh"
+#include "decode/decode_timeline.cuh"
 
 namespace mlacore {
 namespace {
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   // KvFull mbarrier (tile 0 is the prologue's).
   auto full_parity = [](int64_t t) { return static_cast<uint32_t>(((t - 1) >> 1) & 1); };
 
+  MLACORE_TIMELINE(0, threadIdx.x == 0);  // attribution builds only (decode_timeline.cuh)
   // Lets the combine kernel launch once every CTA of this grid is resident;
   // it still waits (griddepcontrol.wait) for this grid to finish writing.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -112,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const int64_t rows_cap = decode_partial_rows(p.max_qo_len, H);
   const CtaCoord cta = cta_coord(decode_query_tiles(rows_cap, kRows));
   const ItemView item = read_item(p, cta.item);
+  MLACORE_TIMELINE(1, threadIdx.x == 0);
   if (!item.ok) return;
   const int64_t rows = item.qo_len * H;
   const int64_t row0 = cta.tile * kRows;
@@ -204,6 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     if (kKvEmptyMbarrier) wg::mbar_init(s_empty, kThreads / 2);
   }
   wg::bar_sync(kBarStart, kThreads);
+  MLACORE_TIMELINE(2, tid == 0);
+  MLACORE_TIMELINE_NOTE(n_tiles);
   if (g == 1) {
     // Stage 1 is untouched until S(1), after the KvFull wait for it.
     issue(1, 1, next);
@@ -265,6 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         free_stage();
       }
       wg::wait<0>();  // S(it) and P V(it-1)
+      MLACORE_TIMELINE(3, it == 0 && tid == 0);
       wg::fence_regs(s);
       wg::fence_regs(o);
       wg::fence_regs(pk);  // P V(it-1) no longer reads them
@@ -386,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::commit();
     }
     wg::wait<0>();
+    MLACORE_TIMELINE(4, tid == 0);
     wg::fence_regs(o);
     wg::fence_regs(pk);
   } else {
@@ -435,6 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     }
   }
 
+  MLACORE_TIMELINE(5, tid == 128);
   cp_async_wait_all();  // nothing is left in flight on any path; kept as a guard
 
   // Row sums (warpgroup 0 saw every token): over the quad, then shared.
@@ -450,10 +458,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     }
   }
   __syncthreads();
+  MLACORE_TIMELINE(6, tid == 0);
 
   // O through the KV stages, free now.
   static_assert(kRows * kCkvDim * 4 <= kStages * kTileBytes, "the fp32 O tile fits the KV stages");
   store_o_tile<kBf16>(p, item, row0, rows, rows_cap, reinterpret_cast<float*>(smem + kOffKv), s_sum, m_run, o, tid);
+  MLACORE_TIMELINE(7, tid == 0);
 #else
   // Compiled for a target without wgmma: the launcher refuses to launch it
   // (binary check below), so reaching this is a dispatch bug.
@@ -478,6 +488,8 @@ bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
 }
 
 }  // namespace
+
+MLACORE_TIMELINE_EXPORT(mlacore_debug_decode_timeline)
 
 template <class Idx>
 bool launch_mla_decode_sm90(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
