@@ -11,7 +11,7 @@ Phases (slots of the record):
   0 entry -> 1 work item read          read_item: header, work item, request's indices
   1 -> 2 Q and tile 0 landed           page ids, Q, tile 0, barrier set-up
   2 -> 3 first S complete              S(0)
-  3 -> 4 warpgroup 0's loop done       the tiles (per tile: divided by the tile count)
+  3 -> 4 warpgroup 0's loop done       the tiles after S(0) (per tile: divided by their count)
   4 -> 6 row sums shared               warpgroup 1's last P V, the sums
   6 -> 7 O stored                      the epilogue's stores issued
 """
@@ -68,7 +68,6 @@ def shape(read, batch, kv, heads, page):
     # CTAs of this launch: entry time set and at or after the launch's earliest entry, with a stored O.
     gt = r[:, :, 0].tolist()
     clk = r[:, :, 1].tolist()
-    t0 = None
     ctas = []
     for b in range(CTAS):
         if gt[b][0] == 0 or gt[b][7] == 0 or gt[b][7] < gt[b][0]:
