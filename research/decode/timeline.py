@@ -65,7 +65,7 @@ def shape(read, batch, kv, heads, page):
     info = case.wrapper._plan.info
     print(f"\n== batch {batch} kv {kv} heads {heads} page {page}: {info.num_work} work items, "
           f"chunk {info.chunk_tokens} tokens")
-    # CTAs of this launch: entry time set and at or after the launch's earliest entry, with a stored O.
+    # CTAs that stored O after entering (padding CTAs return before slot 7).
     gt = r[:, :, 0].tolist()
     clk = r[:, :, 1].tolist()
     ctas = []
@@ -83,22 +83,21 @@ def shape(read, batch, kv, heads, page):
     t_end = max(gt[b][7] for b in ctas)
     print(f"{len(ctas)} CTAs on {len(set(gt[b][SLOTS - 1] for b in ctas))} SMs; first entry to last store "
           f"{(t_end - t0) / 1e3:.1f} us")
-    # Clock rate from each CTA's whole span (cycles / ns), to turn cycle phases into us.
+    # Each CTA's clock rate from its whole span (cycles / ns), to turn cycle phases into us.
+    ghz = {}
+    for b in ctas:
+        span_ns = gt[b][7] - gt[b][0]
+        ghz[b] = (clk[b][7] - clk[b][0]) / span_ns if span_ns > 0 else 1.0
     for name, a, b2 in PHASES:
-        us = []
-        for b in ctas:
-            if clk[b][b2] == 0 or clk[b][a] == 0:
-                continue
-            span_ns = gt[b][7] - gt[b][0]
-            span_clk = clk[b][7] - clk[b][0]
-            ghz = span_clk / span_ns if span_ns > 0 else 1.0
-            us.append((clk[b][b2] - clk[b][a]) / ghz / 1e3)
-        if us:
-            extra = ""
-            if name == "tiles":
-                per = [u / max(clk[b][SLOTS - 1] - 1, 1) for u, b in zip(us, ctas)]  # n_tiles - 1 tiles after S(0)
-                extra = f"   per tile {statistics.median(per):.2f}"
-            print(f"  {name:12s} {statistics.median(us):7.2f} us ({pct(us, 0.1):6.2f}-{pct(us, 0.9):6.2f}){extra}")
+        timed = [(b, (clk[b][b2] - clk[b][a]) / ghz[b] / 1e3) for b in ctas if clk[b][b2] != 0 and clk[b][a] != 0]
+        if not timed:
+            continue
+        us = [u for _, u in timed]
+        extra = ""
+        if name == "tiles":  # over the n_tiles - 1 tiles after S(0)
+            per = [u / max(clk[b][SLOTS - 1] - 1, 1) for b, u in timed]
+            extra = f"   per tile {statistics.median(per):.2f}"
+        print(f"  {name:12s} {statistics.median(us):7.2f} us ({pct(us, 0.1):6.2f}-{pct(us, 0.9):6.2f}){extra}")
     starts = sorted((gt[b][0] - t0) / 1e3 for b in ctas)
     ends = sorted((gt[b][7] - t0) / 1e3 for b in ctas)
     print(f"  entries at {starts[0]:.1f} / {pct(starts, 0.5):.1f} / {starts[-1]:.1f} us (first / median / last), "
