@@ -21,10 +21,12 @@ Bars (H200): nnz <= 1024: x flashinfer >= 1 and x copy_ >= 0.8 (append <=
 1.25x copy_), MLA and MHA, pages 1/16/64; nnz >= 65536: x ceiling >= 0.97,
 MLA and MHA, and MLA x flashinfer >= 1.6; host time at nnz=32 <= 1.3x
 torch.add_.
-On a GPU a last table gives the decode-step appends (scrambled pages) by the
-durations of the kernels they launch (torch.profiler), beside FlashInfer's and
-copy_'s: the device's own time, which the events of the tables above see under
-about 3 us of overhead a call and its jitter.
+On a GPU two more tables give the decode-step appends (scrambled pages)
+beside FlashInfer's and copy_'s: each call captured in a CUDA graph and timed
+by events around the graph's replay (how an engine that replays its decode
+steps runs them), and the durations of the kernels they launch
+(torch.profiler): the device's own time, which the events of the tables above
+see under about 3 us of overhead a call and its jitter.
 """
 
 import torch
@@ -320,6 +322,73 @@ def _kernel_table(ctx, fi):
     return t
 
 
+def _graphed(fn):
+    """fn captured in a CUDA graph of its own (one call) -> the graph's replay; None stays None.
+    The graph object lives as long as the returned bound method."""
+    if fn is None:
+        return None
+    import torch
+
+    fn()  # any lazy set-up (FlashInfer's JIT module, a first-call allocation) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _graph_table(ctx, fi):
+    """Decode-step appends as an engine replays them: each contender's call captured in a
+    CUDA graph of its own, device time by CUDA events around the replay, L2 flushed before
+    every replay (outside the graph), contenders in alternating rounds."""
+    dev = ctx.device
+    gen = torch.Generator().manual_seed(3)
+    flush = L2Flush(dev)
+    timer = _timer(ctx, 40, flush)
+    t = Table(f"decode-step appends on {dev}, each call replayed from a CUDA graph: device us per call, "
+              "scrambled pages",
+              ["nnz", "page_size", "mla_us", "fi_mla_us", "copy_mla_us", "mla x flashinfer", "mla x copy_",
+               "mha_us", "fi_mha_us", "copy_mha_us", "mha x flashinfer", "mha x copy_", "concat_us"])
+    for nnz in (32, 128, 512, 1024):
+        for page_size in (1, 16, 64):
+            p = Problem(nnz, page_size, dev, ctx.separate, gen, "scrambled", step=True)
+            src, ckv, kpe, buf = p.mla()
+            a_ckv, a_kpe = src[:, :512], src[:, 512:]
+            key, value, cache = p.mha()
+            idx, tab, slots = p.index_args(), p.table_args(), p.slot_mapping
+            fi_mla = fi_mha = None
+            if fi is not None:
+                fi_mla = _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))
+                fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab,
+                                                                           kv_layout="NHD"))
+            cat = None if buf is None else (lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto",
+                                                                                 None))
+            fns = [_graphed(fn) for fn in (
+                lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
+                _copy_fn(2 * nnz * 576 * 2, dev),
+                lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
+                _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev), cat)]
+            # A replay on emptied caches must put the rows where the captured call did.
+            page, off = p.slots()
+            ckv.zero_()
+            cache[0].zero_()
+            fns[0]()
+            fns[3]()
+            if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(cache[0][page, off], key)):
+                raise RuntimeError(f"append: a replayed graph misplaced rows at nnz={nnz}, page_size={page_size}")
+            ms = _alternating(ctx, timer, fns, 5, flush)
+            us = [m * 1e3 for m in ms]
+
+            def x(a, b):
+                return a / b if b > 0 else float("nan")
+
+            t.add(nnz, page_size, us[0], us[1], us[2], x(us[1], us[0]), x(us[2], us[0]),
+                  us[3], us[4], us[5], x(us[4], us[3]), x(us[5], us[3]), us[6])
+    t.notes.append("x flashinfer / x copy_ = their time / this op's (> 1: this op is faster); events around "
+                   "each replay, L2 flushed before every replay; medians of 5 alternating rounds of 40 calls")
+    return t
+
+
 def _host_table(ctx, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(1)
@@ -374,6 +443,7 @@ def run(ctx):
     tables = _bandwidth_tables(ctx, fi)
     host = _host_table(ctx, fi)  # before the profiler's table: no profiler session ahead of the host timing
     if ctx.gpu:
+        tables.append(_graph_table(ctx, fi))
         tables.append(_kernel_table(ctx, fi))
     tables.append(host)
     if fi is None and ctx.gpu:

@@ -54,7 +54,13 @@ def shape(read, batch, kv, heads, page):
     case = _mla.DecodeCase(ctx, batch, kv, heads, page, batch * -(-kv // page) + 8, torch.bfloat16)
     for _ in range(3):
         case.run()
+    # The record before and after the measured launch: a CTA slot whose entry did not
+    # change belongs to an earlier launch (a slot is per CTA index, never cleared).
+    before = torch.zeros(CTAS * SLOTS * 2, dtype=torch.int64)
     rec = torch.zeros(CTAS * SLOTS * 2, dtype=torch.int64)
+    torch.cuda.synchronize()
+    if read(before.data_ptr()) != 0:
+        sys.exit("reading the timeline failed")
     flush = L2Flush(dev)
     flush()
     case.run()
@@ -62,6 +68,7 @@ def shape(read, batch, kv, heads, page):
     if read(rec.data_ptr()) != 0:
         sys.exit("reading the timeline failed")
     r = rec.view(CTAS, SLOTS, 2)
+    old_entry = before.view(CTAS, SLOTS, 2)[:, 0, 0].tolist()
     info = case.wrapper._plan.info
     print(f"\n== batch {batch} kv {kv} heads {heads} page {page}: {info.num_work} work items, "
           f"chunk {info.chunk_tokens} tokens")
@@ -70,15 +77,12 @@ def shape(read, batch, kv, heads, page):
     clk = r[:, :, 1].tolist()
     ctas = []
     for b in range(CTAS):
-        if gt[b][0] == 0 or gt[b][7] == 0 or gt[b][7] < gt[b][0]:
+        if gt[b][0] == 0 or gt[b][0] == old_entry[b] or gt[b][7] == 0 or gt[b][7] < gt[b][0]:
             continue
         ctas.append(b)
     if not ctas:
         print("no CTA recorded")
         return
-    # A stale CTA of an earlier launch would have an entry far before this one's: keep the last launch.
-    last = max(gt[b][0] for b in ctas)
-    ctas = [b for b in ctas if last - gt[b][0] < 50_000_000]
     t0 = min(gt[b][0] for b in ctas)
     t_end = max(gt[b][7] for b in ctas)
     print(f"{len(ctas)} CTAs on {len(set(gt[b][SLOTS - 1] for b in ctas))} SMs; first entry to last store "
