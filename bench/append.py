@@ -285,38 +285,61 @@ def _bandwidth_tables(ctx, fi):
     return tables
 
 
+STEP_COLUMNS = ["nnz", "page_size", "mla_us", "fi_mla_us", "copy_mla_us", "mla x flashinfer", "mla x copy_",
+                "mha_us", "fi_mha_us", "copy_mha_us", "mha x flashinfer", "mha x copy_"]
+
+
+def _step_contenders(dev, fi, nnz, page_size, gen, separate):
+    """A decode step's contenders, scrambled pages: [MLA append, FlashInfer's, copy_ of its bytes,
+    MHA append, FlashInfer's, copy_ of its bytes, concat_and_cache_mla] (None where one does not
+    run), and a check that the MLA and MHA appends' rows sit where they belong."""
+    p = Problem(nnz, page_size, dev, separate, gen, "scrambled", step=True)
+    src, ckv, kpe, buf = p.mla()
+    a_ckv, a_kpe = src[:, :512], src[:, 512:]
+    key, value, cache = p.mha()
+    idx, tab, slots = p.index_args(), p.table_args(), p.slot_mapping
+    fi_mla = fi_mha = None
+    if fi is not None:
+        fi_mla = _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))
+        fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab, kv_layout="NHD"))
+    cat = None if buf is None else (lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None))
+    fns = [lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
+           _copy_fn(2 * nnz * 576 * 2, dev),
+           lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
+           _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev), cat]
+    page, off = p.slots()
+
+    def placed(mla, mha):
+        """Empties both caches, runs the two appends (callables), and says whether their rows landed."""
+        ckv.zero_()
+        cache[0].zero_()
+        mla()
+        mha()
+        return torch.equal(ckv[page, off], a_ckv) and torch.equal(cache[0][page, off], key)
+
+    return fns, placed
+
+
+def _step_row(t, nnz, page_size, us, *extra):
+    def x(a, b):
+        return a / b if b > 0 else float("nan")
+
+    t.add(nnz, page_size, us[0], us[1], us[2], x(us[1], us[0]), x(us[2], us[0]),
+          us[3], us[4], us[5], x(us[4], us[3]), x(us[5], us[3]), *extra)
+
+
 def _kernel_table(ctx, fi):
     """Decode-step appends by the durations of their kernels (torch.profiler), beside
     FlashInfer's and copy_'s of the same bytes: the device's own time, which CUDA events
     (the tables above) see under about 3 us of their own overhead and its jitter."""
-    dev = ctx.device
     gen = torch.Generator().manual_seed(2)
-    flush = L2Flush(dev)
-    t = Table(f"decode-step appends on {dev}: kernel durations (torch.profiler), us per call, scrambled pages",
-              ["nnz", "page_size", "mla_us", "fi_mla_us", "copy_mla_us", "mla x flashinfer", "mla x copy_",
-               "mha_us", "fi_mha_us", "copy_mha_us", "mha x flashinfer", "mha x copy_"])
+    flush = L2Flush(ctx.device)
+    t = Table(f"decode-step appends on {ctx.device}: kernel durations (torch.profiler), us per call, scrambled pages",
+              list(STEP_COLUMNS))
     for nnz in (32, 128, 512, 1024):
         for page_size in (1, 16, 64):
-            p = Problem(nnz, page_size, dev, ctx.separate, gen, "scrambled", step=True)
-            src, ckv, kpe, _ = p.mla()
-            a_ckv, a_kpe = src[:, :512], src[:, 512:]
-            key, value, cache = p.mha()
-            idx, tab = p.index_args(), p.table_args()
-            fi_mla = fi_mha = None
-            if fi is not None:
-                fi_mla = _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))
-                fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab,
-                                                                           kv_layout="NHD"))
-            us = kernel_us([lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
-                            _copy_fn(2 * nnz * 576 * 2, dev),
-                            lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
-                            _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev)], flush)
-            def x(a, b):
-                return a / b if b > 0 else float("nan")
-
-            t.add(nnz, page_size, us[0], us[1], us[2], x(us[1], us[0]), x(us[2], us[0]),
-                  us[3], us[4], us[5], x(us[4], us[3]), x(us[5], us[3]))
-            del src, ckv, kpe, key, value, cache
+            fns, _ = _step_contenders(ctx.device, fi, nnz, page_size, gen, ctx.separate)
+            _step_row(t, nnz, page_size, kernel_us(fns[:6], flush))
     t.notes.append("x flashinfer / x copy_ = their kernel time / this op's (> 1: this op is faster); "
                    "L2 flushed before every call; medians of 3 alternating rounds of 50 calls")
     return t
@@ -327,8 +350,6 @@ def _graphed(fn):
     The graph object lives as long as the returned bound method."""
     if fn is None:
         return None
-    import torch
-
     fn()  # any lazy set-up (FlashInfer's JIT module, a first-call allocation) outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -341,49 +362,19 @@ def _graph_table(ctx, fi):
     """Decode-step appends as an engine replays them: each contender's call captured in a
     CUDA graph of its own, device time by CUDA events around the replay, L2 flushed before
     every replay (outside the graph), contenders in alternating rounds."""
-    dev = ctx.device
     gen = torch.Generator().manual_seed(3)
-    flush = L2Flush(dev)
+    flush = L2Flush(ctx.device)
     timer = _timer(ctx, 40, flush)
-    t = Table(f"decode-step appends on {dev}, each call replayed from a CUDA graph: device us per call, "
-              "scrambled pages",
-              ["nnz", "page_size", "mla_us", "fi_mla_us", "copy_mla_us", "mla x flashinfer", "mla x copy_",
-               "mha_us", "fi_mha_us", "copy_mha_us", "mha x flashinfer", "mha x copy_", "concat_us"])
+    t = Table(f"decode-step appends on {ctx.device}, each call replayed from a CUDA graph: device us per call, "
+              "scrambled pages", STEP_COLUMNS + ["concat_us"])
     for nnz in (32, 128, 512, 1024):
         for page_size in (1, 16, 64):
-            p = Problem(nnz, page_size, dev, ctx.separate, gen, "scrambled", step=True)
-            src, ckv, kpe, buf = p.mla()
-            a_ckv, a_kpe = src[:, :512], src[:, 512:]
-            key, value, cache = p.mha()
-            idx, tab, slots = p.index_args(), p.table_args(), p.slot_mapping
-            fi_mla = fi_mha = None
-            if fi is not None:
-                fi_mla = _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab))
-                fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab,
-                                                                           kv_layout="NHD"))
-            cat = None if buf is None else (lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto",
-                                                                                 None))
-            fns = [_graphed(fn) for fn in (
-                lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
-                _copy_fn(2 * nnz * 576 * 2, dev),
-                lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
-                _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev), cat)]
-            # A replay on emptied caches must put the rows where the captured call did.
-            page, off = p.slots()
-            ckv.zero_()
-            cache[0].zero_()
-            fns[0]()
-            fns[3]()
-            if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(cache[0][page, off], key)):
+            fns, placed = _step_contenders(ctx.device, fi, nnz, page_size, gen, ctx.separate)
+            fns = [_graphed(fn) for fn in fns]
+            if not placed(fns[0], fns[3]):  # a replay on emptied caches puts the rows where the call did
                 raise RuntimeError(f"append: a replayed graph misplaced rows at nnz={nnz}, page_size={page_size}")
-            ms = _alternating(ctx, timer, fns, 5, flush)
-            us = [m * 1e3 for m in ms]
-
-            def x(a, b):
-                return a / b if b > 0 else float("nan")
-
-            t.add(nnz, page_size, us[0], us[1], us[2], x(us[1], us[0]), x(us[2], us[0]),
-                  us[3], us[4], us[5], x(us[4], us[3]), x(us[5], us[3]), us[6])
+            us = [ms * 1e3 for ms in _alternating(ctx, timer, fns, 5, flush)]
+            _step_row(t, nnz, page_size, us, us[6])
     t.notes.append("x flashinfer / x copy_ = their time / this op's (> 1: this op is faster); events around "
                    "each replay, L2 flushed before every replay; medians of 5 alternating rounds of 40 calls")
     return t
