@@ -108,3 +108,22 @@ def test_attn_grid_selection_ragged_lengths_and_flops():
     assert _mla.flops_of([10], 1, 1, False) == 2 * 10 * 1088
     assert _mla.flops_of([10, 4], 2, 3, True) == 2 * 2 * 1088 * ((8 + 9 + 10) + (2 + 3 + 4))
     assert _mla.flops_of([100] * 4, 128, 1, False) == _mla.flops(4, 100, 128, 1)
+
+
+def test_append_mode_runs_on_the_cpu(tmp_path):
+    # The bandwidth tables (MLA, MHA, concat_and_cache_mla) and the host table; the CUDA-graph and
+    # kernel-duration tables are GPU-only and absent here. Every append checks its own rows first.
+    out = tmp_path / "append.json"
+    res = bench("--mode", "append", "--device", "cpu", "--size", "small", "--repeats", "2", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    tables = [t for t in json.loads(out.read_text())["tables"] if t["mode"] == "append"]
+    titles = [t["title"] for t in tables]
+    assert any(t.startswith("append_paged_mla_kv_cache") for t in titles)
+    assert any(t.startswith("append_paged_kv_cache") for t in titles)
+    assert any(t.startswith("host time per call") for t in titles)
+    assert not any("CUDA graph" in t or "kernel durations" in t for t in titles)
+    mla = next(t for t in tables if t["title"].startswith("append_paged_mla_kv_cache"))
+    col = {c: i for i, c in enumerate(mla["columns"])}
+    assert {r[col["nnz"]] for r in mla["rows"]} == {32, 512, 4096}
+    assert all(r[col["x copy_"]] > 0 for r in mla["rows"])
+
