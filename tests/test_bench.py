@@ -126,4 +126,3 @@ def test_append_mode_runs_on_the_cpu(tmp_path):
     col = {c: i for i, c in enumerate(mla["columns"])}
     assert {r[col["nnz"]] for r in mla["rows"]} == {32, 512, 4096}
     assert all(r[col["x copy_"]] > 0 for r in mla["rows"])
-
