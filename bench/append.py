@@ -346,9 +346,10 @@ def _kernel_table(ctx, fi):
 
 
 def _graphed(fn, peer=False):
-    """fn captured in a CUDA graph of its own (one call) -> the graph's replay; None stays None.
-    The graph object lives as long as the returned bound method. A peer's call (FlashInfer)
-    that cannot be captured gives None (its columns stay empty); mlacore's and torch's must be."""
+    """fn captured in a CUDA graph of its own (one call) -> a call that replays it; None stays
+    None. The graph holds only the addresses of fn's tensors: the returned call keeps fn, and
+    with it those tensors, alive as long as the graph. A peer's call (FlashInfer) that cannot
+    be captured gives None (its columns stay empty); mlacore's and torch's must be."""
     if fn is None:
         return None
     fn()  # any lazy set-up (FlashInfer's JIT module, a first-call allocation) outside the capture
@@ -362,7 +363,11 @@ def _graphed(fn, peer=False):
             raise
         torch.cuda.synchronize()
         return None
-    return graph.replay
+
+    def replay(graph=graph, inputs=fn):
+        graph.replay()
+
+    return replay
 
 
 def _graph_table(ctx, fi):
@@ -381,6 +386,9 @@ def _graph_table(ctx, fi):
             if not placed(fns[0], fns[3]):  # a replay on emptied caches puts the rows where the call did
                 raise RuntimeError(f"append: a replayed graph misplaced rows at nnz={nnz}, page_size={page_size}")
             us = [ms * 1e3 for ms in _alternating(ctx, timer, fns, 5, flush)]
+            if not placed(fns[0], fns[3]):  # and still after 200 replays
+                raise RuntimeError(f"append: a replayed graph misplaced rows after timing at nnz={nnz}, "
+                                   f"page_size={page_size}")
             _step_row(t, nnz, page_size, us, us[6])
     t.notes.append("x flashinfer / x copy_ = their time / this op's (> 1: this op is faster); events around "
                    "each replay, L2 flushed before every replay; medians of 5 alternating rounds of 40 calls")
