@@ -8,7 +8,10 @@ CTAs are resident and waits, so its device time spans most of the decode's; run(
 decode kernel is what it costs. Lengths that double at a fixed batch give the per-tile slope and the fixed
 part of a CTA (intercept): the kernel time at 2L minus the time at L is L's tiles.
 
-    PYTHONPATH=<repo root> python research/decode/decode_profile.py [REPEATS]
+    PYTHONPATH=<repo root> python research/decode/decode_profile.py [REPEATS [BATCHxKV[xPAGE] ...]]
+
+Shapes on the command line replace the default list (e.g. 1x4096x64 128x1024); a shape
+without a page size runs pages 1 and 64. MLACORE_DECODE_KERNEL picks the kernel as in run().
 """
 
 import sys
@@ -27,11 +30,12 @@ SHAPES = [(8, 8192), (8, 16384), (8, 32768), (8, 65536), (32, 8192), (32, 32768)
 
 def main():
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    ctx = Context(SimpleNamespace(device="cuda", size="full", separate=False, repeats=0))
+    shapes = [tuple(int(v) for v in a.split("x")) for a in sys.argv[2:]] or SHAPES
+    ctx = Context(SimpleNamespace(device="cuda", size="full", separate=False, repeats=0, shapes=None))
     measure = timer(ctx, repeats)
     flush = L2Flush(ctx.device)
-    for batch, kv in SHAPES:
-        for page_size in (1, 64):
+    for batch, kv, *page in shapes:
+        for page_size in page or (1, 64):
             num_pages = batch * -(-kv // page_size) + 8
             case = DecodeCase(ctx, batch, kv, HEADS, page_size, num_pages, torch.bfloat16)
             ms = measure(case.run)  # also the warm-up of the profiled calls
