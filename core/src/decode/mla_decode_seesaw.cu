@@ -283,6 +283,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
+  // exponentiate: s becomes P (base 2, against the new maxima; the scale
+  // rides in the exponent's multiply-add), l += its row sums (this thread's
+  // 16 values a row, in two chains of 8).
+  auto exponentiate = [&](float(&s)[kTok / 2], const float(&m_use)[2], float(&l)[2]) {
+    const float neg_m[2] = {-m_use[0], -m_use[1]};
+    float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int e = 0; e < kTok / 2; ++e) {
+      const int i = (e >> 1) & 1;
+      s[e] = fast_exp2(fmaf(s[e], p.scale_log2, neg_m[i]));
+      sum[i][(e >> 2) & 1] += s[e];
+    }
+    l[0] += sum[0][0] + sum[0][1];
+    l[1] += sum[1][0] + sum[1][1];
+  };
   // zero_v: the rows of tile t past the item, in boxes [lo, hi), zeroed (a
   // page's rows past the request are stale, and NaN there would survive a
   // zero probability); then published to this warpgroup's wgmma.
@@ -403,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (has2) load_kv(b + 2, next2, BoxRope{}, AllBoxes{});
       publish_max(s, b, page_valid(own), steady, s_scale0, alpha, l, m_use);
       hand_arrive(kBarScale0);
-      exponentiate(s, p.scale_log2, m_use, l);
+      exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
       if (!steady) zero_v(b, 0, kLeft);
@@ -451,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::fence_regs(s);
         publish_max(s, b + 1, page_valid(own), steady, s_scale1, alpha, l, m_use);
         hand_arrive(kBarScale1);
-        exponentiate(s, p.scale_log2, m_use, l);
+        exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
         if ((lane & 3) == 0) s_scale1[r_lo] = s_scale1[r_lo + 8] = 1.f;

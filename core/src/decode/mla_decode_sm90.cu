@@ -343,7 +343,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           o[4 * j + 3] *= alpha[1];
         }
       }
-      exponentiate(s, p.scale_log2, m_use, l_run);
+      {
+        const float neg_m[2] = {-m_use[0], -m_use[1]};
+        float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+        for (int e = 0; e < kTok / 2; ++e) {
+          const int i = (e >> 1) & 1;
+          s[e] = fast_exp2(fmaf(s[e], p.scale_log2, neg_m[i]));
+          sum[i][(e >> 2) & 1] += s[e];
+        }
+        l_run[0] += sum[0][0] + sum[0][1];
+        l_run[1] += sum[1][0] + sum[1][1];
+      }
       // P in the A fragment layout; the same registers are the shared copy.
       wg::acc_to_a<kBf16>(s, pk);
       // P and alpha -> shared, once warpgroup 1's P V(it-1) has read the

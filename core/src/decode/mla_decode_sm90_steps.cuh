@@ -2,8 +2,7 @@
 // mla_decode_seesaw.cu), which hold a CTA's work the same way: 64 query rows
 // of one work item, 256 threads in two warpgroups, O's 512 columns halved
 // between them, each thread two rows (acc_row) of its warpgroup's m64n256
-// accumulator. exponentiate turns a score tile into P and row sums, load_q
-// brings the query tile into shared memory, row_limits
+// accumulator. load_q brings the query tile into shared memory, row_limits
 // gives a thread's rows the first KV position each may not see, and
 // store_o_tile writes O: a request's whole KV to `out` (bf16/f16) and `lse`,
 // a split one to its fp32 partial and LSE, staged through shared memory so
@@ -20,25 +19,6 @@
 namespace mlacore {
 
 #if defined(MLACORE_GPU_CUDA)
-
-// exponentiate: a 64-token score tile (this thread's 32 accumulator values,
-// two rows) becomes P, base 2, against the rows' maxima m_use, which are
-// already scaled (the scale rides in the exponent's multiply-add, so it must
-// be > 0: the maxima were taken over the raw scores); l += each row's sum of
-// this thread's 16 values, in two chains of 8.
-__device__ __forceinline__ void exponentiate(float (&s)[kDecodeTileTokens / 2], float scale_log2,
-                                             const float (&m_use)[2], float (&l)[2]) {
-  const float neg_m[2] = {-m_use[0], -m_use[1]};
-  float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll
-  for (int e = 0; e < kDecodeTileTokens / 2; ++e) {
-    const int i = (e >> 1) & 1;
-    s[e] = fast_exp2(fmaf(s[e], scale_log2, neg_m[i]));
-    sum[i][(e >> 2) & 1] += s[e];
-  }
-  l[0] += sum[0][0] + sum[0][1];
-  l[1] += sum[1][0] + sum[1][1];
-}
 
 // The query tile (64 rows of 576 elements, rows past the request zeroed) into
 // shared memory at s_q in the 128-byte-swizzle layout, by all 256 threads,
