@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::fence_regs(o);
       wg::fence_regs(pk);  // P V(it-1) no longer reads them
 
-      // Mask and row maxima (this warpgroup holds whole rows: a quad
+      // Mask, scale, row maxima (this warpgroup holds whole rows: a quad
       // shuffle). Position tile_start + col is visible to row i iff col <
       // lim[i] (limit[i] - tile_start clamped to [0, kTok]: 32-bit compares
       // per element); the valid flags of columns col, col + 1 are one
@@ -287,10 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         const int64_t d = limit[i] - tile_start;
         lim[i] = d < 0 ? 0 : (d > kTok ? kTok : static_cast<int>(d));
       }
-      // Row maxima over the raw scores, each in two chains of 8; the scale
-      // (> 0: the launcher checks) multiplies the maxima once and rides in
-      // the exponent's multiply-add.
-      float mx2[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+      float mx[2] = {m_run[0], m_run[1]};
       // Steady state: every token of the tile has a valid page and is visible
       // to both rows, so nothing is masked. The 64 valid flags (0 or 1 bytes)
       // are four 16-byte broadcast loads; their AND is 0x01010101 only when all
@@ -302,8 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
                                  f2.w & f3.x & f3.y & f3.z & f3.w;
       if (__all_sync(0xffffffffu, all_valid == 0x01010101u && lim[0] == kTok && lim[1] == kTok)) {
 #pragma unroll
-        for (int e = 0; e < kTok / 2; ++e)
-          mx2[(e >> 1) & 1][(e >> 2) & 1] = fmaxf(mx2[(e >> 1) & 1][(e >> 2) & 1], s[e]);
+        for (int e = 0; e < kTok / 2; ++e) {
+          s[e] *= p.scale_log2;
+          mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kTok / 8; ++j) {
@@ -314,19 +313,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
             const int col = col0 + (e & 1);
             const int i = (e >> 1) & 1;
             const bool ok = col < lim[i] && ((v2 >> (8 * (e & 1))) & 0xffu) != 0;
-            s[e] = ok ? s[e] : -INFINITY;
-            mx2[i][(e >> 2) & 1] = fmaxf(mx2[i][(e >> 2) & 1], s[e]);
+            s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s[e]);
           }
         }
       }
       // A row that has seen nothing valid keeps m = -inf; exponentiate it
       // against 0 so no inf - inf.
-      float mx[2] = {fmaxf(mx2[0][0], mx2[0][1]), fmaxf(mx2[1][0], mx2[1][1])};
       float m_use[2], alpha[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(m_run[i], fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2)) * p.scale_log2);
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
         m_use[i] = mx[i] == -INFINITY ? 0.f : mx[i];
         alpha[i] = m_run[i] == m_use[i] ? 1.f : fast_exp2(m_run[i] - m_use[i]);  // exactly 1 when m holds
         l_run[i] *= alpha[i];
@@ -343,17 +341,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           o[4 * j + 3] *= alpha[1];
         }
       }
-      {
-        const float neg_m[2] = {-m_use[0], -m_use[1]};
-        float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
-        for (int e = 0; e < kTok / 2; ++e) {
-          const int i = (e >> 1) & 1;
-          s[e] = fast_exp2(fmaf(s[e], p.scale_log2, neg_m[i]));
-          sum[i][(e >> 2) & 1] += s[e];
-        }
-        l_run[0] += sum[0][0] + sum[0][1];
-        l_run[1] += sum[1][0] + sum[1][1];
+      for (int j = 0; j < kTok / 8; ++j) {
+        s[4 * j] = fast_exp2(s[4 * j] - m_use[0]);
+        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - m_use[0]);
+        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - m_use[1]);
+        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - m_use[1]);
+        l_run[0] += s[4 * j] + s[4 * j + 1];
+        l_run[1] += s[4 * j + 2] + s[4 * j + 3];
       }
       // P in the A fragment layout; the same registers are the shared copy.
       wg::acc_to_a<kBf16>(s, pk);
@@ -482,7 +477,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 template <bool kBf16, class Idx>
 bool launch_typed_sm90(const DecodeParams<Idx>& p, gpuStream_t stream) {
   auto kernel = mla_decode_wgmma_kernel<kBf16, Idx>;
-  if (!(p.scale_log2 > 0.f)) return false;  // the row maxima are taken before scaling
   if (!sm90a_kernel_runs(kernel, p.device, kSmem)) return false;
   // Not cached: the limit belongs to the context, which cudaDeviceReset replaces.
   gpu::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
