@@ -87,6 +87,7 @@ class Problem:
         self.positions = torch.cat([torch.arange(h, h + n, dtype=torch.int32) for h, n in zip(history, per)]).to(device)
         self.page_size = page_size
         self.nnz = nnz
+        self.order = order
         self.device = device
         self.separate = separate
         self.gen = gen
@@ -196,6 +197,56 @@ def _copy_fn(nbytes, dev):
     return lambda: flat_dst.copy_(flat_src)
 
 
+def _mla_rows(p, fi, dev, time_row):
+    """One MLA row (mlacore, copy_, FlashInfer, the ceiling) and, for halves of one buffer,
+    its concat_and_cache_mla row (None otherwise), after checking where each put the rows.
+    The row's tensors end with the call."""
+    page, off = p.slots()
+    slots = p.slot_mapping
+    src, ckv, kpe, buf = p.mla()
+    a_ckv, a_kpe = src[:, :512], src[:, 512:]
+    run = lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *p.index_args(), ckv, kpe,
+                                                    *p.table_args())
+    run()
+    if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
+        raise RuntimeError(f"append: MLA rows misplaced at nnz={p.nnz}, page_size={p.page_size}")
+    nbytes = 2 * p.nnz * 576 * 2
+    cat_run = None
+    if buf is not None:
+        buf.zero_()
+        cat_run = lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)
+        cat_run()
+        if not torch.equal(buf.view(-1, 576)[slots], src):
+            raise RuntimeError(f"concat_and_cache_mla: rows misplaced at nnz={p.nnz}, page_size={p.page_size}")
+    fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(
+        a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
+    pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
+    ms, copy_ms, fi_ms, cat_ms, *ceilings = time_row(
+        [run, _copy_fn(nbytes, dev), fi_run, cat_run, *_scatter_ceilings(pairs, slots)])
+    ceiling_ms = min(ceilings)
+    where = (p.nnz, p.batch, p.page_size, p.order, nbytes)
+    cat_row = None if cat_run is None else _row(*where, cat_ms, copy_ms, ceiling_ms, float("nan"))
+    return _row(*where, ms, copy_ms, ceiling_ms, fi_ms), cat_row
+
+
+def _mha_row(p, fi, dev, time_row):
+    """One MHA (K, V) row, after checking where the append put the rows; its tensors end with the call."""
+    page, off = p.slots()
+    key, value, cache = p.mha()
+    run = lambda: mlacore.append_paged_kv_cache(key, value, *p.index_args(), cache, *p.table_args())
+    run()
+    if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
+        raise RuntimeError(f"append: K/V rows misplaced at nnz={p.nnz}, page_size={p.page_size}")
+    nbytes = 2 * 2 * p.nnz * HEADS * HEAD_DIM * 2
+    fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_kv_cache(
+        key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
+    row = HEADS * HEAD_DIM
+    pairs = [(key.reshape(p.nnz, row), cache[0]), (value.reshape(p.nnz, row), cache[1])]
+    ms, copy_ms, fi_ms, *ceilings = time_row(
+        [run, _copy_fn(nbytes, dev), fi_run, *_scatter_ceilings(pairs, p.slot_mapping)])
+    return _row(p.nnz, p.batch, p.page_size, p.order, nbytes, ms, copy_ms, min(ceilings), fi_ms)
+
+
 def _bandwidth_tables(ctx, fi):
     dev = ctx.device
     gen = torch.Generator().manual_seed(0)
@@ -207,7 +258,6 @@ def _bandwidth_tables(ctx, fi):
     mla = Table(f"append_paged_mla_kv_cache on {dev}, bf16, {layout}", list(cols))
     mha = Table(f"append_paged_kv_cache on {dev}, bf16, NHD (K, V), H={HEADS} D={HEAD_DIM}", list(cols))
     cat = Table(f"concat_and_cache_mla on {dev}, bf16, one [P, S, 576] cache, int64 slot_mapping", list(cols))
-    nan = float("nan")
     # Every contender of a row (mlacore, copy_, the scatter ceiling's two forms, FlashInfer,
     # concat_and_cache_mla) is timed in alternating rounds, so drift hits all alike; a decode
     # step's append is a few microseconds within about 0.3 us of event jitter, so its rows take
@@ -220,53 +270,12 @@ def _bandwidth_tables(ctx, fi):
             for order in ORDERS:
                 step = nnz <= STEP_MAX_NNZ
                 p = Problem(nnz, page_size, dev, ctx.separate, gen, order, step=step)
-                timer = timers[step]
-                page, off = p.slots()
-                slots = p.slot_mapping
-
-                src, ckv, kpe, buf = p.mla()
-                a_ckv, a_kpe = src[:, :512], src[:, 512:]
-                run = lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *p.index_args(), ckv, kpe,
-                                                                *p.table_args())
-                run()
-                if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
-                    raise RuntimeError(f"append: MLA rows misplaced at nnz={nnz}, page_size={page_size}")
-                nbytes = 2 * nnz * 576 * 2
-                cat_run = None
-                if buf is not None:
-                    buf.zero_()
-                    cat_run = lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None)
-                    cat_run()
-                    if not torch.equal(buf.view(-1, 576)[slots], src):
-                        raise RuntimeError(f"concat_and_cache_mla: rows misplaced at nnz={nnz}, page_size={page_size}")
-                fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_mla_kv_cache(
-                    a_ckv, a_kpe, *p.index_args(), ckv, kpe, *p.table_args()))
-                pairs = [(src, buf)] if buf is not None else [(a_ckv.contiguous(), ckv), (a_kpe.contiguous(), kpe)]
-                ms, copy_ms, fi_ms, cat_ms, *ceilings = _alternating(
-                    ctx, timer, [run, _copy_fn(nbytes, dev), fi_run, cat_run, *_scatter_ceilings(pairs, slots)],
-                    rounds[step], flush)
-                ceiling_ms = min(ceilings)
-                mla.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
-                if cat_run is not None:
-                    cat.add(*_row(nnz, p.batch, page_size, order, nbytes, cat_ms, copy_ms, ceiling_ms, nan))
-                del src, a_ckv, a_kpe, ckv, kpe, buf
-
-                key, value, cache = p.mha()
-                run = lambda: mlacore.append_paged_kv_cache(key, value, *p.index_args(), cache, *p.table_args())
-                run()
-                if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
-                    raise RuntimeError(f"append: K/V rows misplaced at nnz={nnz}, page_size={page_size}")
-                nbytes = 2 * 2 * nnz * HEADS * HEAD_DIM * 2
-                fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_kv_cache(
-                    key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
-                row = HEADS * HEAD_DIM
-                pairs = [(key.reshape(nnz, row), cache[0]), (value.reshape(nnz, row), cache[1])]
-                ms, copy_ms, fi_ms, *ceilings = _alternating(
-                    ctx, timer, [run, _copy_fn(nbytes, dev), fi_run, *_scatter_ceilings(pairs, slots)],
-                    rounds[step], flush)
-                ceiling_ms = min(ceilings)
-                mha.add(*_row(nnz, p.batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms))
-                del key, value, cache
+                time_row = lambda fns: _alternating(ctx, timers[step], fns, rounds[step], flush)
+                mla_row, cat_row = _mla_rows(p, fi, dev, time_row)
+                mla.add(*mla_row)
+                if cat_row is not None:
+                    cat.add(*cat_row)
+                mha.add(*_mha_row(p, fi, dev, time_row))
     for t in (mla, mha, cat):
         t.notes.append("MB = bytes read + written; x copy_ / x ceiling / x flashinfer = their time / this op's "
                        "(> 1: this op is faster)")
