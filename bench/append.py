@@ -190,6 +190,16 @@ def _row(nnz, batch, page_size, order, nbytes, ms, copy_ms, ceiling_ms, fi_ms):
             copy_ms / ms, ceiling_ms / ms, fi_ms / ms]
 
 
+def _mla_bytes(nnz):
+    """Bytes an MLA append of nnz tokens reads and writes (576 bf16 values a token, each way)."""
+    return 2 * nnz * 576 * 2
+
+
+def _mha_bytes(nnz):
+    """Bytes an MHA append of nnz tokens reads and writes (K and V, HEADS x HEAD_DIM bf16 each, each way)."""
+    return 2 * 2 * nnz * HEADS * HEAD_DIM * 2
+
+
 def _copy_fn(nbytes, dev):
     """copy_ of nbytes / 2 bytes (what the append reads, as much again written)."""
     flat_src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev)
@@ -210,7 +220,7 @@ def _mla_rows(p, fi, dev, time_row):
     run()
     if not (torch.equal(ckv[page, off], a_ckv) and torch.equal(kpe[page, off], a_kpe)):
         raise RuntimeError(f"append: MLA rows misplaced at nnz={p.nnz}, page_size={p.page_size}")
-    nbytes = 2 * p.nnz * 576 * 2
+    nbytes = _mla_bytes(p.nnz)
     cat_run = None
     if buf is not None:
         buf.zero_()
@@ -237,7 +247,7 @@ def _mha_row(p, fi, dev, time_row):
     run()
     if not (torch.equal(cache[0][page, off], key) and torch.equal(cache[1][page, off], value)):
         raise RuntimeError(f"append: K/V rows misplaced at nnz={p.nnz}, page_size={p.page_size}")
-    nbytes = 2 * 2 * p.nnz * HEADS * HEAD_DIM * 2
+    nbytes = _mha_bytes(p.nnz)
     fi_run = None if fi is None else _if_it_runs(lambda: fi.page.append_paged_kv_cache(
         key, value, *p.index_args(), cache, *p.table_args(), kv_layout="NHD"))
     row = HEADS * HEAD_DIM
@@ -313,9 +323,9 @@ def _step_contenders(dev, fi, nnz, page_size, gen, separate):
         fi_mha = _if_it_runs(lambda: fi.page.append_paged_kv_cache(key, value, *idx, cache, *tab, kv_layout="NHD"))
     cat = None if buf is None else (lambda: mlacore.concat_and_cache_mla(a_ckv, a_kpe, buf, slots, "auto", None))
     fns = [lambda: mlacore.append_paged_mla_kv_cache(a_ckv, a_kpe, *idx, ckv, kpe, *tab), fi_mla,
-           _copy_fn(2 * nnz * 576 * 2, dev),
+           _copy_fn(_mla_bytes(nnz), dev),
            lambda: mlacore.append_paged_kv_cache(key, value, *idx, cache, *tab), fi_mha,
-           _copy_fn(2 * 2 * nnz * HEADS * HEAD_DIM * 2, dev), cat]
+           _copy_fn(_mha_bytes(nnz), dev), cat]
     page, off = p.slots()
 
     def placed(mla, mha):
