@@ -2,13 +2,12 @@
 with scrambled pages, the mlacore wrapper, and the baselines."""
 
 import math
-import statistics
 
 import torch
 
 import mlacore
 
-from ._timing import L2Flush, alternating, cpu_ms, device_ms
+from ._timing import L2Flush, cpu_ms, device_ms
 
 SM_SCALE = 1.0 / math.sqrt(192)
 
@@ -115,7 +114,6 @@ def floor_ms(ctx, nbytes, dtype, measure):
     """A plain torch reduction reading `nbytes` of contiguous memory once."""
     x = torch.empty(nbytes // 2, dtype=dtype, device=ctx.device).normal_()
     ms = measure(lambda: x.sum(dtype=torch.float32))
-    del x
     return ms
 
 

@@ -152,7 +152,7 @@ def run(ctx):
         tflops = (lambda x: fl / x / 1e9) if s.heads >= 64 else (lambda x: float("nan"))
         t.add(s.group, s.batch, s.kv, s.heads, s.page, s.qo, ms, floor, ms / floor, tflops(ms), nbytes / ms / 1e6,
               fi_ms, tflops(fi_ms), fi_ms / floor, fi_ms / ms, fm_ms, tflops(fm_ms), fm_ms / ms, cat_ms, naive_ms)
-        del case, fi, fm
+        case = fi = fm = None  # this row's tensors go before the next row allocates its own
         if ctx.gpu:
             torch.cuda.empty_cache()
     t.notes.append("floor: torch sum over a contiguous tensor of the same KV byte count (one read, L2 flushed)")
