@@ -7,12 +7,25 @@
 #   bash tools/gpu_run.sh "decode-ab:seesaw"   (a decode kernel switch against the default, one build)
 #   bash tools/gpu_run.sh "ncu-decode:seesaw,wgmma"   (where each decode kernel and FlashMLA wait, by ncu)
 #   AB_TREES="x=.scratch/x.tar" bash tools/gpu_run.sh tree-ab   (decode variants built beside this tree)
+#   OUT_PACK=1 bash tools/gpu_run.sh ...   (the logs come back as one file, $OUT/run0.tar.gz)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
 set -uo pipefail
 STEPS=${1-"pytest bench"}
 OUT=${OUT:-/tmp/mlacore-out}
 mkdir -p "$OUT"
+# OUT_PACK=1: at exit (a failed build too), everything under $OUT goes into one archive,
+# $OUT/runN.tar.gz (N counts the archives already there, so invocations in a row keep theirs),
+# for a runner that brings back only a few files (tree-ab writes two a side a round). Not for
+# invocations side by side that share $OUT (or a folder below it): the first to exit packs them all.
+if [ "${OUT_PACK:-0}" = 1 ]; then
+  pack_out() {
+    local a n; a=$(mktemp /tmp/mlacore-run.XXXXXX); n=$(ls "$OUT" | grep -c '^run[0-9]*\.tar\.gz$')
+    tar -czf "$a" -C "$OUT" --exclude='./run*.tar.gz' . && chmod 644 "$a" &&
+      find "$OUT" -mindepth 1 -maxdepth 1 ! -name 'run*.tar.gz' -exec rm -rf {} + && mv "$a" "$OUT/run$n.tar.gz"
+  }
+  trap pack_out EXIT
+fi
 ROOT=$(pwd)
 # MLACORE_SITE_FIRST: a directory searched before /tmp/site (another build of mlacore, e.g. the racecheck build).
 export PYTHONPATH=${MLACORE_SITE_FIRST:+$MLACORE_SITE_FIRST:}/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
