@@ -211,7 +211,8 @@ for step in $STEPS; do
       # default kernel). A variant that does not build is left out and said so, never
       # replaced by this tree. AB_THIS_KERNELS="wgmma ..." adds this tree with each of
       # those kernels as sides of its own ("this@wgmma", files tree-ab-this-at-wgmma-*: a
-      # name with "@" does not come back from the device).
+      # name with "@" does not come back from the device); AB_TREE_KERNELS does the same
+      # for every variant ("name@seesaw").
       sides="this"
       for k in ${AB_THIS_KERNELS:-}; do sides="$sides this@$k"; done
       for spec in ${AB_TREES:-}; do
@@ -220,6 +221,7 @@ for step in $STEPS; do
         if (cd "/tmp/src-$name" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/site-$name" \
               -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-$name.txt" 2>&1); then
           sides="$sides $name"
+          for k in ${AB_TREE_KERNELS:-}; do sides="$sides $name@$k"; done
         else
           echo "$name: did not build ($(tail -1 "$OUT/build-$name.txt")); left out"
         fi
@@ -227,7 +229,12 @@ for step in $STEPS; do
       for r in $(seq 1 "${AB_ROUNDS:-2}"); do
         for side in $sides; do
           site=/tmp/site; kernel=${AB_KERNEL:-}
-          case $side in this) ;; this@*) kernel=${side#this@} ;; *) site="/tmp/site-$side:/tmp/site" ;; esac
+          case $side in
+            this) ;;
+            this@*) kernel=${side#this@} ;;
+            *@*) site="/tmp/site-${side%@*}:/tmp/site"; kernel=${side#*@} ;;
+            *) site="/tmp/site-$side:/tmp/site" ;;
+          esac
           mode=${AB_MODE:-attn}; shapes=(); [ "$mode" = attn ] && shapes=(--shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}")
           env PYTHONPATH="$site" ${kernel:+MLACORE_DECODE_KERNEL=$kernel} timeout 300 python3 -m mlacore bench --mode "$mode" \
             "${shapes[@]}" --json "$OUT/tree-ab-${side/@/-at-}-$r.json" > "$OUT/tree-ab-${side/@/-at-}-$r.txt" 2>&1

@@ -11,8 +11,10 @@ reason and the instructions before it:
     (SYNCS.PHASECHK: a TMA box or cp.async tile not landed, an mbarrier hand-off not yet
     arrived), else a global or shared load;
   - wgmma issue (HGMMA), and everything else (issue, math, softmax, address arithmetic).
-Then the hottest instructions with the few before them, for mapping to source (the
-report's SASS matches `nvdisasm -g` of the same build's cubin).
+Then the samples by ncu's own stall reason over the whole kernel (no_instruction:
+instruction fetch and cache misses; long_sb: loads and mbarrier waits; ...), and the
+hottest instructions with the few before them, for mapping to source (the report's SASS
+matches `nvdisasm -g` of the same build's cubin).
 
     python3 research/decode/ncu_stalls.py SASS.csv [TOP]
 """
@@ -30,11 +32,13 @@ def load(path):
     hdr, data = rows[start], [r for r in rows[start + 1:] if len(r) > 2]
     col = hdr.index("Warp Stall Sampling (All Samples)")
     reasons = [(j, h[len("stall_"):]) for j, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
-    out = []
+    out, by_reason = [], defaultdict(float)
     for r in data:
         by = [(float(r[j] or 0), name) for j, name in reasons]
+        for v, name in by:
+            by_reason[name] += v
         out.append((r[1], float(r[col] or 0), max(by)[1] if by and max(by)[0] > 0 else ""))
-    return out
+    return out, by_reason
 
 
 def site(data, i):
@@ -58,7 +62,7 @@ def site(data, i):
 
 
 def main(path, top=12):
-    data = load(path)
+    data, by_reason = load(path)
     total = sum(s for _, s, _ in data) or 1.0
     groups = defaultdict(float)
     for i, (_, s, _) in enumerate(data):
@@ -67,6 +71,9 @@ def main(path, top=12):
     print(f"{path}: {int(total)} warp stall samples")
     for g, s in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {100 * s / total:5.1f}%  {g}")
+    all_reasons = sum(by_reason.values()) or 1.0
+    print("by stall reason: " + ", ".join(f"{name} {100 * v / all_reasons:.1f}%" for name, v in
+                                          sorted(by_reason.items(), key=lambda kv: -kv[1]) if v > 0.005 * all_reasons))
     print(f"hottest {top} instructions (row of the CSV, share, main stall reason, the instructions before it):")
     for s, i in sorted(((s, i) for i, (_, s, _) in enumerate(data) if s), reverse=True)[:top]:
         print(f"  row {i:5d}  {100 * s / total:4.1f}%  {data[i][2]}: {site(data, i)}")
