@@ -11,7 +11,7 @@ reason and the instructions before it:
     (SYNCS.PHASECHK: a TMA box or cp.async tile not landed, an mbarrier hand-off not yet
     arrived), else a global or shared load;
   - wgmma issue (HGMMA), and everything else (issue, math, softmax, address arithmetic).
-Then the samples by ncu's own stall reason over the whole kernel (no_instruction:
+Then the samples by ncu's own stall reason over the whole kernel (no_inst:
 instruction fetch and cache misses; long_sb: loads and mbarrier waits; ...), and the
 hottest instructions with the few before them, for mapping to source (the report's SASS
 matches `nvdisasm -g` of the same build's cubin).
