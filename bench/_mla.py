@@ -113,8 +113,7 @@ def flops_of(lens, heads, qo, causal):
 def floor_ms(ctx, nbytes, dtype, measure):
     """A plain torch reduction reading `nbytes` of contiguous memory once."""
     x = torch.empty(nbytes // 2, dtype=dtype, device=ctx.device).normal_()
-    ms = measure(lambda: x.sum(dtype=torch.float32))
-    return ms
+    return measure(lambda: x.sum(dtype=torch.float32))
 
 
 def naive_decode(q_nope, q_pe, ckv, kpe, idx, page_size):
