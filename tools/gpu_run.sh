@@ -30,7 +30,7 @@ ROOT=$(pwd)
 # MLACORE_SITE_FIRST: a directory searched before /tmp/site (another build of mlacore, e.g. the racecheck build).
 export PYTHONPATH=${MLACORE_SITE_FIRST:+$MLACORE_SITE_FIRST:}/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
-# MLACORE_SKIP_BUILD=1: an earlier invocation in this call installed everything
+# MLACORE_SKIP_BUILD=1: an earlier invocation on this machine installed everything
 # (lets two invocations run side by side, e.g. the sanitizer next to pytest).
 if [ "${MLACORE_SKIP_BUILD:-0}" != 1 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -169,7 +169,7 @@ for step in $STEPS; do
           | grep -E "^probe: (threads|[0-9]|after)|nanobind: leaked [0-9]+ instances|ERROR SUMMARY" | cut -c1-200
       done ;;
     plan-ab:*)
-      # The plan bar's A/B in one call: the tree in the tarball (e.g. `git archive main -o
+      # The plan bar's A/B in one run: the tree in the tarball (e.g. `git archive main -o
       # .devsnap/base.tar`, carried) built beside this one, then `bench --mode plan` five
       # times alternating (this tree first and last) and plan_latency.cu once each, so both
       # sides meet the same stretches of the machine. Worst ratios to stdout, tables in $OUT.
@@ -202,7 +202,7 @@ for step in $STEPS; do
         echo "$side: rc=$? $(grep -E "x fa3: geomean" "$OUT/attn-ab-$side-$n.txt")"
       done ;;
     tree-ab)
-      # Decode variants built as trees of their own, against this one, in one call:
+      # Decode variants built as trees of their own, against this one, in one run:
       # AB_TREES="name=tarball ..." (e.g. `git archive wip/x -o .scratch/x.tar`, carried),
       # each built into /tmp/site-<name> after this tree's install (which put the build
       # wheels on the path), then `bench --mode attn --shapes $ATTN_SHAPES` (or

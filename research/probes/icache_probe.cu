@@ -10,7 +10,7 @@
 // medians over 400 launches (each followed by a stream sync, as the plan's
 // build is) of both passes in SM cycles, the first pass's excess per line, and
 // how many distinct SMs the launches landed on.
-// Measured on the H200 (session 12, research/measurements/2026-12-02-57acb65-h200-plan.txt): one warp
+// Measured on the H200 (2026-12-02, 57acb65, research/measurements/2026-12-02-57acb65-h200-plan.txt): one warp
 // runs even a 32 KB body as fast the first time as the second (fetch keeps up
 // at 2 cycles an instruction); 256 threads pay 10-16 cycles a line more on the
 // first pass (2670 cycles, 1.35 us, for 32 KB). Every launch landed on the

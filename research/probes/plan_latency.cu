@@ -19,10 +19,10 @@
 // Measured on the H200 (2026-11-30): bare 6.5-7.4, launch 8.5-9.8, build 10.0-13.4 (1.4-2.0x bare),
 // memops3 19-24, memopsB 16.5-20.7, api d2h 1.7, h2d 2.8, launch 3.6-4.3: a kernel's round trip
 // alone costs 1.3-1.4x a copy's here, and stream memory operations are slower still.
-// Session 9 (2026-12-02, research/measurements/2026-12-02-8e6bff1-h200-decode.txt): launch call 2.99-3.97 us through the
+// 2026-12-02, 8e6bff1 (research/measurements/2026-12-02-8e6bff1-h200-decode.txt): launch call 2.99-3.97 us through the
 // runtime, 2.94-3.11 through cuLaunchKernel; empty round trip 8.0-9.0 against 7.9-8.2, bare
 // 6.3-6.5, build 10.9-12.2: the launch path is worth at most 0.1-0.9 us of the build's gap.
-// Session 10 (research/measurements/2026-12-02-e858fb3-h200-plan.txt): signal 8.37-8.94 us (1.03-1.15x a bare 7.71-8.33),
+// 2026-12-02, e858fb3 (research/measurements/2026-12-02-e858fb3-h200-plan.txt): signal 8.37-8.94 us (1.03-1.15x a bare 7.71-8.33),
 // signal+copy 8.74-9.52 (1.07-1.23x), build 12.83-14.31 (1.58-1.82x): the handshake fits the
 // 1.3x bar; the build's 3.5-5.4 us beyond signal+copy are its own work.
 //   copy3   three cudaMemcpyAsync D2H + sync + host schedule + H2D (no kernel, no memops)
