@@ -639,24 +639,62 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) a
         torch.cuda.synchronize()
         check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=f"h={heads} qo={qo} page={page} {dtype}")
 names = {e.name for e in prof.events() if "mla_decode" in e.name}
-print("kernels:", " ".join(sorted("wgmma" if "wgmma" in n else "mma" if "mma_kernel" in n else "other"
-                                  for n in names)), flush=True)
+print("kernels:", " ".join(sorted("seesaw" if "seesaw" in n else "wgmma" if "wgmma" in n else
+                                  "mma" if "mma_kernel" in n else "other" for n in names)), flush=True)
 """
 
 
 @requires_cuda
-@pytest.mark.parametrize("kernel", ["default", "mma"])
-def test_gpu_64_row_tiles_by_either_kernel_in_a_fresh_process(kernel):
+@pytest.mark.parametrize("kernel", ["default", "wgmma", "mma"])
+def test_gpu_64_row_tiles_by_kernel_in_a_fresh_process(kernel):
     # MLACORE_DECODE_KERNEL is read once per process. 64-row query tiles (heads >= 32, or heads x
-    # qo_len > 16) run the wgmma kernel on an sm_90a build and the mma.sync kernel's 64-row
-    # configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma: a fresh interpreter checks
-    # that configuration against the reference, and the profiler names the kernel that ran.
-    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_DECODE_KERNEL", "mma" if kernel == "mma" else None,
+    # qo_len > 16) run on an sm_90a build the seesaw kernel where a request has 256 rows or more, the
+    # batch two requests or more and pages hold 64-token multiples (here heads=128 qo=2 page=64), the
+    # wgmma kernel otherwise, and every one of them with MLACORE_DECODE_KERNEL=wgmma; the mma.sync
+    # kernel's 64-row configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma. A fresh
+    # interpreter checks each configuration against the reference, and the profiler names the kernels
+    # that ran.
+    ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_DECODE_KERNEL", None if kernel == "default" else kernel,
                                    ignore=("other",))  # "other": the combine
-    # Every shape above has 64-row tiles; H100/H200 run them with wgmma unless told otherwise (a
-    # build without sm_90a code for them fails here on purpose: its fast kernel is missing).
-    want = "wgmma" if kernel == "default" and torch.cuda.get_device_capability() == (9, 0) else "mma"
-    assert ran == {want}, f"expected only the {want} kernel for 64-row tiles, the profiler saw: {sorted(ran)}"
+    # A build without sm_90a code for them fails here on purpose on H100/H200: its fast kernels are missing.
+    if torch.cuda.get_device_capability() != (9, 0) or kernel == "mma":
+        want = {"mma"}
+    else:
+        want = {"wgmma", "seesaw"} if kernel == "default" else {"wgmma"}
+    assert ran == want, f"expected the {sorted(want)} kernels for 64-row tiles, the profiler saw: {sorted(ran)}"
+
+
+BY_SHAPE_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
+from test_decode import make_batch, run_wrapper, check
+seen = []
+for name, lens, qo, heads, page in [("b7h128", [700] * 7, 1, 128, 64), ("b1h128qo2", [700], 2, 128, 64),
+                                    ("b2h128qo2", [700, 65], 2, 128, 64), ("b2h64qo4", [700, 65], 4, 64, 64),
+                                    ("b7h16qo4", [700] * 7, 4, 16, 64), ("b2h128qo2p16", [700, 65], 2, 128, 16)]:
+    d = make_batch(lens, [qo] * len(lens), page, heads, torch.bfloat16, "cuda", seed=heads + qo + len(lens))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        (out, lse), scale = run_wrapper(d, causal=qo > 1)
+        torch.cuda.synchronize()
+    check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=name)
+    kinds = {"seesaw" if "seesaw" in e.name else "wgmma" if "wgmma" in e.name else "mma"
+             for e in prof.events() if "mla_decode" in e.name and "combine" not in e.name}
+    seen += [f"{name}={k}" for k in sorted(kinds)]
+print("kernels:", " ".join(seen), flush=True)
+"""
+
+
+@requires_cuda
+def test_gpu_64_row_tiles_kernel_by_shape_in_a_fresh_process():
+    # The default choice on sm_90a (mla_decode_launch.cu, seesaw_by_shape): the seesaw kernel where a
+    # request's rows fill four 64-row tiles or more (heads x query tokens >= 256) and the launch holds
+    # more than one request, at pages of 64-token multiples; the wgmma kernel for the other 64-row tiles.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the choice is between the sm_90a kernels")
+    ran = kernels_in_fresh_process(BY_SHAPE_SCRIPT, "MLACORE_DECODE_KERNEL", None)
+    want = {"b7h128=wgmma", "b1h128qo2=wgmma", "b2h128qo2=seesaw", "b2h64qo4=seesaw", "b7h16qo4=wgmma",
+            "b2h128qo2p16=wgmma"}
+    assert ran == want, f"expected {sorted(want)}, the profiler saw: {sorted(ran)}"
 
 
 SEESAW_SCRIPT = r"""

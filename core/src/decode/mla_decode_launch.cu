@@ -1,11 +1,13 @@
 // The MLA decode launcher: picks the kernel for the request shape and the
 // device, launches it on the caller's stream, then the combine.
 //  - up to 16 query rows per request: the mma.sync kernel, one 16-row group;
-//  - 64-row tiles: the wgmma kernel on sm_90a (mla_decode_sm90.cu), else the
-//    mma.sync kernel's 64-row configuration (MLACORE_DECODE_KERNEL=mma keeps
-//    them there on sm_90a too; MLACORE_DECODE_KERNEL=seesaw tries the seesaw
-//    kernel, mla_decode_seesaw.cu, first, for page sizes of 64-token
-//    multiples);
+//  - 64-row tiles on sm_90a: where a request's rows fill four tiles or more
+//    and the launch holds more than one request (seesaw_by_shape), over pages
+//    of 64-token multiples, the seesaw kernel (mla_decode_seesaw.cu);
+//    otherwise the wgmma kernel (mla_decode_sm90.cu);
+//    off sm_90a, the mma.sync kernel's 64-row configuration.
+//    MLACORE_DECODE_KERNEL=wgmma, =seesaw or =mma puts every 64-row tile on
+//    that kernel (seesaw where it serves the call, else wgmma);
 //  - HIP, a device whose shared memory per block the tiled kernels do not
 //    fit, or MLACORE_DECODE_PORTABLE: the portable kernel.
 // All of them write the same outputs and partials; the combine merges the
@@ -17,6 +19,7 @@
 
 #include "decode/mla_decode.h"
 #include "decode/mla_decode_kernels.h"
+#include "plan/schedule.h"
 
 #if defined(MLACORE_GPU_CUDA)
 #include <cstdlib>
@@ -31,19 +34,37 @@ namespace {
 
 #if defined(MLACORE_GPU_CUDA)
 // MLACORE_DECODE_KERNEL for 64-row tiles on sm_90a: "mma" keeps them on the
-// mma.sync kernel (A/B comparisons, a fallback in the field); "seesaw" tries
-// the seesaw kernel (mla_decode_seesaw.cu) first; unset or anything else, the
-// wgmma kernel (mla_decode_sm90.cu). Read once.
-enum class TileKernel { Wgmma, Mma, Seesaw };
+// mma.sync kernel (A/B comparisons, a fallback in the field); "wgmma" on the
+// wgmma kernel (mla_decode_sm90.cu); "seesaw" tries the seesaw kernel
+// (mla_decode_seesaw.cu) first; unset or anything else, by shape (ByShape).
+// Read once.
+enum class TileKernel { ByShape, Wgmma, Mma, Seesaw };
 
 TileKernel tile_kernel() {
   static const TileKernel kernel = [] {
     const char* v = std::getenv("MLACORE_DECODE_KERNEL");
     if (v && std::strcmp(v, "mma") == 0) return TileKernel::Mma;
+    if (v && std::strcmp(v, "wgmma") == 0) return TileKernel::Wgmma;
     if (v && std::strcmp(v, "seesaw") == 0) return TileKernel::Seesaw;
-    return TileKernel::Wgmma;
+    return TileKernel::ByShape;
   }();
   return kernel;
+}
+
+// By shape (ByShape), the seesaw kernel where a request's rows fill four
+// 64-row tiles or more (heads x query tokens >= 256, as with several query
+// tokens at 128 heads) and the launch holds more than one request: there the
+// tiles read each KV tile together (through L2), so the kernel's rate per
+// tile decides, and the seesaw's steady loop is the faster one. Elsewhere
+// the wgmma kernel: a request of one 64-row tile shares no KV tile, and a
+// single request is split into CTAs too short for the seesaw's longer
+// prologue and code (docs/design/2026-12-03-decode-seesaw.md, "The choice by
+// shape"). Every input is a shape the caller fixes (a captured graph's batch
+// and max_qo_len are its capacities), so the choice never changes under
+// replay and reads nothing from the device.
+template <class Idx>
+bool seesaw_by_shape(const DecodeParams<Idx>& p) {
+  return decode_partial_rows(p.max_qo_len, p.num_heads) >= 4 * kDecodeTileRows && p.batch >= 2;
 }
 
 // The sm_90a kernels for 64-row tiles, in the order tile_kernel() asks; false
@@ -52,7 +73,8 @@ template <class Idx>
 bool launch_tiles_sm90(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
   const TileKernel kernel = tile_kernel();
   if (kernel == TileKernel::Mma) return false;
-  if (kernel == TileKernel::Seesaw && launch_mla_decode_seesaw(p, bf16, stream)) return true;
+  const bool seesaw = kernel == TileKernel::Seesaw || (kernel == TileKernel::ByShape && seesaw_by_shape(p));
+  if (seesaw && launch_mla_decode_seesaw(p, bf16, stream)) return true;
   return launch_mla_decode_sm90(p, bf16, stream);
 }
 #endif

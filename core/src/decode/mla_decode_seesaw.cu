@@ -15,7 +15,9 @@
 // docs/design/2026-12-03-decode-seesaw.md; the barrier protocol is
 // research/decode/seesaw_model.py's, whose op lists the loops below follow
 // (change both together).
-// Selected only with MLACORE_DECODE_KERNEL=seesaw (mla_decode_launch.cu).
+// The launcher (mla_decode_launch.cu) selects it by shape (requests of 256
+// rows or more in batches of two or more), or for every shape with
+// MLACORE_DECODE_KERNEL=seesaw.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -402,8 +404,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // pair(b, steady): tiles b (warpgroup 0) and b + 1 (warpgroup 1). A steady
   // pair is one where tiles b .. b + 3 exist and every row of this CTA sees
   // tiles b and b + 1 whole: one test a pair instead of the tile-count and
-  // zero-fill tests. (Two loops, a body compiled for each, as FlashMLA's
-  // are, spill in the loop: 255 registers.)
+  // zero-fill tests. The steady pairs run in a loop of their own, compiled
+  // without the tests and spill-free; the last pairs in a second loop, which
+  // keeps them (and spills: 255 registers). FlashMLA splits its loop alike.
   auto pair = [&](int b, bool steady) {
     const bool has1 = steady || b + 1 < n_tiles, has2 = steady || b + 2 < n_tiles, has3 = steady || b + 3 < n_tiles;
     // The page ids of the next pair, loaded now: both warpgroups refill
@@ -510,7 +513,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   min_limit = min_limit < item.end ? min_limit : item.end;
   const int64_t seen = min_limit > item.begin ? (min_limit - item.begin) / kTok : 0;
   const int whole_tiles = static_cast<int>(seen < n_tiles ? seen : n_tiles);
-  for (int b = 0; b < n_tiles; b += 2) pair(b, b + 4 <= n_tiles && b + 2 <= whole_tiles);
+  int b = 0;
+  for (; b + 4 <= n_tiles && b + 2 <= whole_tiles; b += 2) pair(b, true);
+  for (; b < n_tiles; b += 2) pair(b, false);
 
   // ---- row sums of both warpgroups, then O ----
 #pragma unroll
