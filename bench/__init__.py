@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=0, help="timed repetitions (0: per mode default)")
     parser.add_argument("--shapes", default="",
                         help="attn rows to run: comma-separated tag sets joined by '+', tags being a group "
-                             "(bar, long, large, ragged, multi), h<heads> and p<page>; e.g. bar+h128,ragged")
+                             "(bar, long, large, ragged, multi), h<heads> and p<page>, or rows outside the grid "
+                             "as BATCHxKVxHEADSxPAGE[xQO]; e.g. bar+h128,ragged,4x32768x128x64")
     parser.add_argument("--json", metavar="PATH", help="write every figure and the machine description here")
     parser.add_argument("--plot", metavar="DIR", help="write one PNG per table here (needs matplotlib)")
     parser.add_argument("--from-json", metavar="PATH",

@@ -17,7 +17,9 @@ the floor at the bar shapes.
 `--shapes` picks rows: a comma-separated list of tag sets joined by '+', a row
 kept when every tag of one set is among its tags: its group (bar, long, large,
 ragged, multi), h<heads> and p<page>. `--shapes bar+h128,ragged` runs the bar
-shapes at heads 128 and every ragged row. On an H200 the whole grid (51 rows,
+shapes at heads 128 and every ragged row. A part BATCHxKVxHEADSxPAGE[xQO] adds
+a row of its own outside the grid (group "given"; causal when QO > 1), e.g.
+`--shapes 4x32768x128x64,2x8192x128x64x2`. On an H200 the whole grid (51 rows,
 3 rounds of 20 calls for each contender) ran in about 50 s with fa3 and
 FlashMLA both present, set-up, floors and the naive baseline included (plus
 FlashInfer's JIT compilation where its cache is cold).
@@ -25,6 +27,7 @@ FlashInfer's JIT compilation where its cache is cold).
 
 import math
 import os
+import re
 from typing import NamedTuple, Optional
 
 import torch
@@ -83,16 +86,35 @@ def small_grid():
             Shape("multi", 1, 70, 128, 64, 4)]
 
 
+_EXPLICIT = re.compile(r"^(\d+)x(\d+)x(\d+)x(\d+)(?:x(\d+))?$")
+
+
+def _explicit(part):
+    """A `--shapes` part BATCHxKVxHEADSxPAGE[xQO] as a row of group "given", or None."""
+    m = _EXPLICIT.match(part)
+    if not m:
+        return None
+    batch, kv, heads, page = (int(g) for g in m.groups()[:4])
+    qo = int(m.group(5) or 1)
+    if min(batch, kv, heads, page, qo) < 1:
+        raise ValueError(f"--shapes: {part}: every field must be >= 1")
+    return Shape("given", batch, kv, heads, page, qo)
+
+
 def select(rows, spec):
-    """The rows `spec` (see the module's doc) keeps; all of them for None or ''."""
+    """The rows `spec` (see the module's doc) keeps; all of them for None or ''. Explicit parts
+    (BATCHxKVxHEADSxPAGE[xQO]) add their rows after the grid's, in the order given."""
     if not spec:
         return rows
-    sets = [set(part.split("+")) for part in spec.split(",") if part]
+    parts = [part for part in spec.split(",") if part]
+    given = [r for r in map(_explicit, parts) if r is not None]
+    sets = [set(part.split("+")) for part in parts if _explicit(part) is None]
     known = set().union(*(r.tags() for r in full_grid() + small_grid()))
     for s in sets:
         if not s <= known:
-            raise ValueError(f"--shapes: unknown tag(s) {sorted(s - known)}; known: {sorted(known)}")
-    return [r for r in rows if any(s <= r.tags() for s in sets)]
+            raise ValueError(f"--shapes: unknown tag(s) {sorted(s - known)}; known: {sorted(known)} "
+                             "(or a row BATCHxKVxHEADSxPAGE[xQO])")
+    return [r for r in rows if any(s <= r.tags() for s in sets)] + given
 
 
 def _geomean(xs):

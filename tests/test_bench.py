@@ -99,6 +99,13 @@ def test_attn_grid_selection_ragged_lengths_and_flops():
     assert all(s.page == 64 for s in picked if s.group == "bar") and len(picked) == 3 + 3 * 2
     with pytest.raises(ValueError, match="unknown tag"):
         attn.select(full, "nonsense")
+    # Rows outside the grid, after the grid's, in the order given; causal with several query tokens.
+    mixed = attn.select(full, "4x32768x128x64,long+h16,2x8192x128x64x2")
+    assert [(s.group, s.batch, s.kv, s.heads, s.page, s.qo) for s in mixed[-2:]] == [
+        ("given", 4, 32768, 128, 64, 1), ("given", 2, 8192, 128, 64, 2)]
+    assert {s.group for s in mixed[:-2]} == {"long"} and mixed[-1].causal and not mixed[-2].causal
+    with pytest.raises(ValueError, match=">= 1"):
+        attn.select(full, "0x4096x128x64")
 
     # Ragged page tables: each request gets ceil(len / page) distinct pages of the pool.
     qo, kv_indptr, kv_indices, kv_len = _mla.make_indices(3, 0, 2, 16, 100, "cpu", lens=[1, 40, 33])
