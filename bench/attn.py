@@ -106,9 +106,13 @@ def select(rows, spec):
     (BATCHxKVxHEADSxPAGE[xQO]) add their rows after the grid's, in the order given."""
     if not spec:
         return rows
-    parts = [part for part in spec.split(",") if part]
-    given = [r for r in map(_explicit, parts) if r is not None]
-    sets = [set(part.split("+")) for part in parts if _explicit(part) is None]
+    given, sets = [], []
+    for part in (part for part in spec.split(",") if part):
+        row = _explicit(part)
+        if row is None:
+            sets.append(set(part.split("+")))
+        else:
+            given.append(row)
     known = set().union(*(r.tags() for r in full_grid() + small_grid()))
     for s in sets:
         if not s <= known:

@@ -626,10 +626,16 @@ def test_gpu_matches_reference(backend, dtype, page_size, heads, qo):
     print(f"{backend} h={heads} qo={qo} page={page_size} {dtype}: max err {err:.3e}")
 
 
+def decode_kernel_kind(name):
+    """The kind of decode kernel a profiler event names: seesaw, wgmma, mma, or other (the combine)."""
+    return ("seesaw" if "seesaw" in name else "wgmma" if "wgmma" in name else
+            "mma" if "mma_kernel" in name else "other")
+
+
 KERNEL_SCRIPT = r"""
 import os, sys, torch
 sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
-from test_decode import make_batch, run_wrapper, check
+from test_decode import make_batch, run_wrapper, check, decode_kernel_kind
 names = set()
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     for heads, qo, page, dtype in [(128, 1, 1, torch.bfloat16), (128, 2, 64, torch.float16),
@@ -639,8 +645,7 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) a
         torch.cuda.synchronize()
         check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=f"h={heads} qo={qo} page={page} {dtype}")
 names = {e.name for e in prof.events() if "mla_decode" in e.name}
-print("kernels:", " ".join(sorted("seesaw" if "seesaw" in n else "wgmma" if "wgmma" in n else
-                                  "mma" if "mma_kernel" in n else "other" for n in names)), flush=True)
+print("kernels:", " ".join(sorted(decode_kernel_kind(n) for n in names)), flush=True)
 """
 
 
@@ -667,7 +672,7 @@ def test_gpu_64_row_tiles_by_kernel_in_a_fresh_process(kernel):
 BY_SHAPE_SCRIPT = r"""
 import os, sys, torch
 sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
-from test_decode import make_batch, run_wrapper, check
+from test_decode import make_batch, run_wrapper, check, decode_kernel_kind
 seen = []
 for name, lens, qo, heads, page in [("b7h128", [700] * 7, 1, 128, 64), ("b1h128qo2", [700], 2, 128, 64),
                                     ("b2h128qo2", [700, 65], 2, 128, 64), ("b2h64qo4", [700, 65], 4, 64, 64),
@@ -677,8 +682,7 @@ for name, lens, qo, heads, page in [("b7h128", [700] * 7, 1, 128, 64), ("b1h128q
         (out, lse), scale = run_wrapper(d, causal=qo > 1)
         torch.cuda.synchronize()
     check(d, out, lse, scale, qo > 1, atol=2e-2, lse_atol=2e-2, what=name)
-    kinds = {"seesaw" if "seesaw" in e.name else "wgmma" if "wgmma" in e.name else "mma"
-             for e in prof.events() if "mla_decode" in e.name and "combine" not in e.name}
+    kinds = {decode_kernel_kind(e.name) for e in prof.events() if "mla_decode" in e.name} - {"other"}
     seen += [f"{name}={k}" for k in sorted(kinds)]
 print("kernels:", " ".join(seen), flush=True)
 """
@@ -700,7 +704,7 @@ def test_gpu_64_row_tiles_kernel_by_shape_in_a_fresh_process():
 SEESAW_SCRIPT = r"""
 import os, sys, torch
 sys.path.insert(0, os.environ["MLACORE_TESTS_DIR"])
-from test_decode import make_batch, run_wrapper, run_forced_chunk, check
+from test_decode import make_batch, run_wrapper, run_forced_chunk, check, decode_kernel_kind
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
     for heads, qo, page, dtype in [(128, 1, 64, torch.bfloat16), (128, 2, 64, torch.float16),
                                    (32, 1, 128, torch.bfloat16), (16, 4, 64, torch.bfloat16),
@@ -722,8 +726,7 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) a
         torch.cuda.synchronize()
         check(d, out, lse, 0.1, True, atol=2e-2, lse_atol=2e-2, what=f"forced chunk {chunk}, bad pages")
 names = {e.name for e in prof.events() if "mla_decode" in e.name}
-print("kernels:", " ".join(sorted("seesaw" if "seesaw" in n else "wgmma" if "wgmma" in n else
-                                  "mma" if "mma_kernel" in n else "other" for n in names)), flush=True)
+print("kernels:", " ".join(sorted(decode_kernel_kind(n) for n in names)), flush=True)
 """
 
 
