@@ -2,8 +2,9 @@
 // device, launches it on the caller's stream, then the combine.
 //  - up to 16 query rows per request: the mma.sync kernel, one 16-row group;
 //  - 64-row tiles on sm_90a: where a request's rows fill four tiles or more
-//    and the launch holds more than one request (seesaw_by_shape), over pages
-//    of 64-token multiples, the seesaw kernel (mla_decode_seesaw.cu);
+//    (two on devices of high DRAM bandwidth an SM) and the launch holds more
+//    than one request (seesaw_by_shape), over pages of 64-token multiples,
+//    the seesaw kernel (mla_decode_seesaw.cu);
 //    otherwise the wgmma kernel (mla_decode_sm90.cu);
 //    off sm_90a, the mma.sync kernel's 64-row configuration.
 //    MLACORE_DECODE_KERNEL=wgmma, =seesaw or =mma puts every 64-row tile on
@@ -51,20 +52,39 @@ TileKernel tile_kernel() {
   return kernel;
 }
 
-// By shape (ByShape), the seesaw kernel where a request's rows fill four
-// 64-row tiles or more (heads x query tokens >= 256, as with several query
-// tokens at 128 heads) and the launch holds more than one request: there the
-// tiles read each KV tile together (through L2), so the kernel's rate per
-// tile decides, and the seesaw's steady loop is the faster one. Elsewhere
-// the wgmma kernel: a request of one 64-row tile shares no KV tile, and a
-// single request is split into CTAs too short for the seesaw's longer
-// prologue and code (docs/design/2026-12-03-decode-seesaw.md, "The choice by
-// shape"). Every input is a shape the caller fixes (a captured graph's batch
-// and max_qo_len are its capacities), so the choice never changes under
-// replay and reads nothing from the device.
+// By shape (ByShape), the seesaw kernel where a launch holds more than one
+// request and a request's rows fill four 64-row tiles or more (heads x query
+// tokens >= 256, as with several query tokens at 128 heads), or two tiles
+// (one token at 128 heads) on a device with DRAM bandwidth of 30 GB/s or
+// more an SM: there the tiles read each KV tile together (through L2), so
+// the kernel's rate per tile decides, and the seesaw's steady loop is the
+// faster one. Two-tile requests gain on an H200 (37 GB/s an SM) and lose on
+// an H100 (25 GB/s an SM), four-tile requests gain on both. Elsewhere the
+// wgmma kernel: a request of one 64-row tile shares no KV tile, and a single
+// request is split into CTAs too short for the seesaw's longer code
+// (docs/design/2026-12-03-decode-seesaw.md, "The choice by shape" and "Two
+// tiles a request"). Every input is a shape the caller fixes (a captured
+// graph's batch and max_qo_len are its capacities) or a property of the
+// device, so the choice never changes under replay and reads nothing from
+// the device's memory.
+constexpr int64_t kSeesawTwoTileMbpsPerSm = 30000;
+
+// Peak DRAM bandwidth of `device` an SM, MB/s: memory clock (kHz) x 2 (two
+// transfers a clock) x bus width (bits) / 8, over the SMs; 0 where the
+// runtime does not say.
+int64_t dram_mbps_per_sm(int device) {
+  const int64_t khz = gpu::device_attribute<cudaDevAttrMemoryClockRate>(device);
+  const int64_t bits = gpu::device_attribute<cudaDevAttrGlobalMemoryBusWidth>(device);
+  const int64_t sms = gpu::device_attribute<cudaDevAttrMultiProcessorCount>(device);
+  return sms > 0 && khz > 0 && bits > 0 ? khz * bits / 4000 / sms : 0;
+}
+
 template <class Idx>
 bool seesaw_by_shape(const DecodeParams<Idx>& p) {
-  return decode_partial_rows(p.max_qo_len, p.num_heads) >= 4 * kDecodeTileRows && p.batch >= 2;
+  if (p.batch < 2) return false;
+  const int64_t rows = decode_partial_rows(p.max_qo_len, p.num_heads);
+  if (rows >= 4 * kDecodeTileRows) return true;
+  return rows >= 2 * kDecodeTileRows && dram_mbps_per_sm(p.device) >= kSeesawTwoTileMbpsPerSm;
 }
 
 // The sm_90a kernels for 64-row tiles, in the order tile_kernel() asks; false

@@ -16,8 +16,8 @@
 // research/decode/seesaw_model.py's, whose op lists the loops below follow
 // (change both together).
 // The launcher (mla_decode_launch.cu) selects it by shape (requests of 256
-// rows or more in batches of two or more), or for every shape with
-// MLACORE_DECODE_KERNEL=seesaw.
+// rows or more, or of 128 on devices of high DRAM bandwidth an SM, in
+// batches of two or more), or for every shape with MLACORE_DECODE_KERNEL=seesaw.
 #include "gpu/compat.h"
 
 #include <cstdint>
@@ -364,29 +364,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // ---- prologue ----
-  if (tid == 0) {
+  // The first two tiles' page ids are loaded before Q, and their KV is on
+  // its way before Q is waited for: the chain to tile 0 (work item, kv_indptr,
+  // page ids, KV) overlaps Q's load instead of following it.
+  TilePage<Idx> own = tile_page(g);  // the page of this warpgroup's first tile (0 or 1)
+  TilePage<Idx> second = own;
+  if (tid == 0 && n_tiles > 1) second = tile_page(1);
+  load_q(p, item, row0, rows, s_q, tid);
+  cp_async_commit();
+  if (tid == 0) {  // warpgroup 0's leader: the mbarriers, then the first two tiles
     for (int j = 0; j < 2 * kBlocks; ++j) wg::mbar_init(s_base + kOffBar + 8 * j, 1);
     if (kHandoffMbarriers)
       for (int j = 0; j < 4; ++j) wg::mbar_init(s_base + kOffHand + 8 * j, kThreads / 2);
     tma::fence_barrier_init();
+    if (n_tiles > 0) {
+      load_kv(0, own, Box0{}, AllBoxes{});
+      if (n_tiles > 1) {
+        load_kv(1, second, BoxRight{}, AllBoxes{});
+        load_kv(1, second, Box0{}, BoxRight{});
+      }
+    }
   }
-  load_q(p, item, row0, rows, s_q, tid);
-  cp_async_commit();
   if (tid < kRows) s_m[tid] = -INFINITY;
   cp_async_wait_all();
   wg::fence_proxy_async();
   __syncthreads();  // the mbarriers, Q and sM
   wg::load_a_block(s_q + (kBlocks - 1) * kBlockBytes, wtid, q_rope);
-
-  TilePage<Idx> own = tile_page(g);  // the page of this warpgroup's first tile (0 or 1)
-  if (g == 0 && n_tiles > 0) {
-    load_kv(0, own, Box0{}, AllBoxes{});
-    if (n_tiles > 1) {
-      const TilePage<Idx> second = tile_page(1);
-      load_kv(1, second, BoxRight{}, AllBoxes{});
-      load_kv(1, second, Box0{}, BoxRight{});
-    }
-  }
 #pragma unroll
   for (int e = 0; e < kOCols / 2; ++e) o[e] = 0.f;
   float s[kTok / 2], l[2] = {0.f, 0.f}, alpha[2], other[2], m_use[2];
