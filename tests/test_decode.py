@@ -655,8 +655,8 @@ def test_gpu_64_row_tiles_by_kernel_in_a_fresh_process(kernel):
     # MLACORE_DECODE_KERNEL is read once per process. 64-row query tiles (heads >= 32, or heads x
     # qo_len > 16) run on an sm_90a build the seesaw kernel where a request has 256 rows or more (128 on
     # some devices), the batch two requests or more and pages hold 64-token multiples (here heads=128
-    # qo=2 page=64), the wgmma kernel otherwise, and every one of them with MLACORE_DECODE_KERNEL=wgmma; the mma.sync
-    # kernel's 64-row configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma. A fresh
+    # qo=2 page=64), the wgmma kernel otherwise, and every one of them with MLACORE_DECODE_KERNEL=wgmma;
+    # the mma.sync kernel's 64-row configuration elsewhere (A100) or with MLACORE_DECODE_KERNEL=mma. A fresh
     # interpreter checks each configuration against the reference, and the profiler names the kernels
     # that ran.
     ran = kernels_in_fresh_process(KERNEL_SCRIPT, "MLACORE_DECODE_KERNEL", None if kernel == "default" else kernel,
