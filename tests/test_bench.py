@@ -133,3 +133,28 @@ def test_append_mode_runs_on_the_cpu(tmp_path):
     col = {c: i for i, c in enumerate(mla["columns"])}
     assert {r[col["nnz"]] for r in mla["rows"]} == {32, 512, 4096}
     assert all(r[col["x copy_"]] > 0 for r in mla["rows"])
+
+
+def test_append_bar_lines_count_the_rows_each_bar_covers():
+    from mlacore.bench import append
+    from mlacore.bench._report import Table
+
+    cols = ["nnz", "page_size", "page_order", "x copy_", "x ceiling", "x flashinfer"]
+    t = Table("t", cols)
+    nan = float("nan")
+    t.add(32, 1, "scrambled", 0.79, 1.3, 1.05)
+    t.add(1024, 16, "allocator", 0.81, 1.2, 0.98)
+    t.add(8192, 64, "scrambled", 0.5, 0.5, 0.5)  # covered by no bar
+    t.add(65536, 64, "scrambled", 0.9, 0.961, 1.7)
+    t.add(262144, 1, "allocator", 0.9, 0.99, nan)
+    lines = append.bar_lines(t, append.BARS)
+    assert lines == [
+        "bar nnz <= 1024 x flashinfer >= 1.0: 1 of 2 rows meet it (NOT met), min 0.980 at nnz 1024 page 16 allocator",
+        "bar nnz <= 1024 x copy_ >= 0.8: 1 of 2 rows meet it (NOT met), min 0.790 at nnz 32 page 1 scrambled",
+        "bar nnz >= 65536 x ceiling >= 0.97: 1 of 2 rows meet it (NOT met), min 0.961 at nnz 65536 page 64 scrambled",
+        "bar nnz >= 65536 x flashinfer >= 1.6: 1 of 1 rows meet it (met), min 1.700 at nnz 65536 page 64 scrambled,"
+        " 1 rows without the column",
+    ]
+    t.rows = [r for r in t.rows if r[0] != 65536]
+    assert append.bar_lines(t, append.BARS[3:]) == [
+        "bar nnz >= 65536 x flashinfer >= 1.6: no measured rows (1 without the column)"]
