@@ -46,6 +46,9 @@ BARS = [
     ("nnz >= 65536", lambda nnz: nnz >= 65536, "x ceiling", 0.97),
     ("nnz >= 65536", lambda nnz: nnz >= 65536, "x flashinfer", 1.6),  # MLA only
 ]
+# The small-append bars on the decode-step tables (every row is nnz <= STEP_MAX_NNZ).
+STEP_BARS = [(f"nnz <= {STEP_MAX_NNZ}", lambda nnz: True, f"{op} x {peer}", floor)
+             for op in ("mla", "mha") for peer, floor in (("flashinfer", 1.0), ("copy_", 0.8))]
 
 
 def _flashinfer():
@@ -325,7 +328,7 @@ def bar_lines(t, bars):
             continue
         worst, w = min(vals, key=lambda v: v[0])
         met = sum(1 for v, _ in vals if v >= floor)
-        where = f"nnz {w[c['nnz']]} page {w[c['page_size']]} {w[c['page_order']]}"
+        where = f"nnz {w[c['nnz']]} page {w[c['page_size']]}" + (f" {w[c['page_order']]}" if "page_order" in c else "")
         empty = f", {len(rows) - len(vals)} rows without the column" if len(vals) < len(rows) else ""
         lines.append(head + f"{met} of {len(vals)} rows meet it{' (met)' if met == len(vals) else ' (NOT met)'}, "
                      f"min {worst:.3f} at {where}{empty}")
@@ -439,6 +442,7 @@ def _graph_table(ctx, fi):
             _step_row(t, nnz, page_size, us, us[6])
     t.notes.append("x flashinfer / x copy_ = their time / this op's (> 1: this op is faster); events around "
                    "each replay, L2 flushed before every replay; medians of 5 alternating rounds of 40 calls")
+    t.notes.extend(bar_lines(t, STEP_BARS))
     return t
 
 

@@ -155,6 +155,16 @@ def test_append_bar_lines_count_the_rows_each_bar_covers():
         "bar nnz >= 65536 x flashinfer >= 1.6: 1 of 1 rows meet it (met), min 1.700 at nnz 65536 page 64 scrambled,"
         " 1 rows without the column",
     ]
+    # The decode-step tables (no page order column): the small-append bars for both ops.
+    step = Table("s", append.STEP_COLUMNS)
+    step.add(32, 1, 6.0, 6.1, 4.9, 6.1 / 6.0, 4.9 / 6.0, 6.3, 6.2, 4.9, 6.2 / 6.3, 4.9 / 6.3)
+    step.add(1024, 64, 6.3, 6.9, 5.6, 6.9 / 6.3, 5.6 / 6.3, 7.7, 7.9, 7.0, 7.9 / 7.7, 7.0 / 7.7)
+    assert append.bar_lines(step, append.STEP_BARS) == [
+        "bar nnz <= 1024 mla x flashinfer >= 1.0: 2 of 2 rows meet it (met), min 1.017 at nnz 32 page 1",
+        "bar nnz <= 1024 mla x copy_ >= 0.8: 2 of 2 rows meet it (met), min 0.817 at nnz 32 page 1",
+        "bar nnz <= 1024 mha x flashinfer >= 1.0: 1 of 2 rows meet it (NOT met), min 0.984 at nnz 32 page 1",
+        "bar nnz <= 1024 mha x copy_ >= 0.8: 1 of 2 rows meet it (NOT met), min 0.778 at nnz 32 page 1",
+    ]
     t.rows = [r for r in t.rows if r[0] != 65536]
     assert append.bar_lines(t, append.BARS[3:]) == [
         "bar nnz >= 65536 x flashinfer >= 1.6: no measured rows (1 without the column)"]
