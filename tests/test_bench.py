@@ -147,13 +147,13 @@ def test_append_bar_lines_count_the_rows_each_bar_covers():
     t.add(8192, 64, "scrambled", 0.5, 0.5, 0.5)  # covered by no bar
     t.add(65536, 64, "scrambled", 0.9, 0.961, 1.7)
     t.add(262144, 1, "allocator", 0.9, 0.99, nan)
-    lines = append.bar_lines(t, append.BARS)
+    lines = append.bar_lines(t, append.BARS + append.MLA_BARS)
     assert lines == [
         "bar nnz <= 1024 x flashinfer >= 1.0: 1 of 2 rows meet it (NOT met), min 0.980 at nnz 1024 page 16 allocator",
         "bar nnz <= 1024 x copy_ >= 0.8: 1 of 2 rows meet it (NOT met), min 0.790 at nnz 32 page 1 scrambled",
         "bar nnz >= 65536 x ceiling >= 0.97: 1 of 2 rows meet it (NOT met), min 0.961 at nnz 65536 page 64 scrambled",
         "bar nnz >= 65536 x flashinfer >= 1.6: 1 of 1 rows meet it (met), min 1.700 at nnz 65536 page 64 scrambled,"
-        " 1 rows without the column",
+        " 1 without the column",
     ]
     # The decode-step tables (no page order column): the small-append bars for both ops.
     step = Table("s", append.STEP_COLUMNS)
@@ -166,5 +166,5 @@ def test_append_bar_lines_count_the_rows_each_bar_covers():
         "bar nnz <= 1024 mha x copy_ >= 0.8: 1 of 2 rows meet it (NOT met), min 0.778 at nnz 32 page 1",
     ]
     t.rows = [r for r in t.rows if r[0] != 65536]
-    assert append.bar_lines(t, append.BARS[3:]) == [
+    assert append.bar_lines(t, append.MLA_BARS) == [
         "bar nnz >= 65536 x flashinfer >= 1.6: no measured rows (1 without the column)"]
