@@ -41,14 +41,12 @@ ORDERS = ("scrambled", "allocator")
 STEP_MAX_NNZ = 1024  # appends up to this size are decode steps (one token a request)
 # The bars of the bandwidth tables, by row: (the rows' label, which rows, column, floor);
 # MLA_BARS apply to the MLA append alone.
-BARS = [
-    (f"nnz <= {STEP_MAX_NNZ}", lambda nnz: nnz <= STEP_MAX_NNZ, "x flashinfer", 1.0),
-    (f"nnz <= {STEP_MAX_NNZ}", lambda nnz: nnz <= STEP_MAX_NNZ, "x copy_", 0.8),
-    ("nnz >= 65536", lambda nnz: nnz >= 65536, "x ceiling", 0.97),
-]
-MLA_BARS = [("nnz >= 65536", lambda nnz: nnz >= 65536, "x flashinfer", 1.6)]
-# The small-append bars on the decode-step tables (every row is nnz <= STEP_MAX_NNZ).
-STEP_BARS = [(f"nnz <= {STEP_MAX_NNZ}", lambda nnz: True, f"{op} x {peer}", floor)
+_SMALL = (f"nnz <= {STEP_MAX_NNZ}", lambda nnz: nnz <= STEP_MAX_NNZ)
+_LARGE = ("nnz >= 65536", lambda nnz: nnz >= 65536)
+BARS = [(*_SMALL, "x flashinfer", 1.0), (*_SMALL, "x copy_", 0.8), (*_LARGE, "x ceiling", 0.97)]
+MLA_BARS = [(*_LARGE, "x flashinfer", 1.6)]
+# The small-append bars on the decode-step tables (every row is a decode step).
+STEP_BARS = [(*_SMALL, f"{op} x {peer}", floor)
              for op in ("mla", "mha") for peer, floor in (("flashinfer", 1.0), ("copy_", 0.8))]
 
 
