@@ -6,9 +6,9 @@
 //       both K-major SW128, 36 k-steps), as the kernel's softmax warpgroup
 //       does; warpgroup 1 idles.
 //   pv: O[64 x 512] = P[64 x 64] V[64 x 512], V the first 512 dims of a
-//       64 x 576 tile. P written to shared memory from accumulator-layout
-//       registers by st_pair (here each warpgroup stores 32 columns; the
-//       kernel's warpgroup 0 stores all 64 the same way), then warpgroup g computes columns [256g, 256g+256) with
+//       64 x 576 tile. P written to shared memory from A-operand-layout
+//       registers by warpgroup 0 with store_a_block (stmatrix), as the
+//       kernels do, then warpgroup g computes columns [256g, 256g+256) with
 //       m64n256k16 (A = P K-major, B = V MN-major via transpose-B).
 //   pv_rs: the same O with P as the register A operand (the kernel's
 //       warpgroup 0 path): every thread holds P in the m64n64k16
@@ -96,9 +96,9 @@ __device__ void qk64_from_smem(unsigned char* s_q, unsigned char* s_k, float* s_
   for (int kk = 0; kk < kDim / 16; ++kk) {
     const uint32_t off = wg::k_major_step(kk, kRows);
     if (rope_in_regs && kk >= kDim / 16 - 4)
-      wg::mma_m64n64k16_rs<kBf16>(s, rope + 4 * (kk - (kDim / 16 - 4)), desc_k + (off >> 4));
+      wg::mma_m64n64k16_rs<kBf16>(s, rope + 4 * (kk - (kDim / 16 - 4)), wg::desc_at(desc_k, off));
     else
-      wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+      wg::mma_m64n64k16_ss<kBf16>(s, wg::desc_at(desc_q, off), wg::desc_at(desc_k, off));
   }
   wg::commit();
   wg::wait<0>();
@@ -168,12 +168,18 @@ __global__ void __launch_bounds__(256, 1) pv_probe(const uint16_t* pm, const uin
   unsigned char* s_p = smem + kTileBytes;
   load_tile(smem, v);
   const int g = threadIdx.x >> 7, wtid = threadIdx.x & 127;
-  // P from the accumulator layout (warpgroup g stores columns [32g, 32g+32)),
-  // through the st_pair the kernel uses after its softmax.
-  for (int e = 0; e < 16; e += 2) {
-    const int r = wg::acc_row(wtid, e), c = 32 * g + wg::acc_col(wtid, e);
-    const uint32_t packed = pm[r * kTok + c] | (static_cast<uint32_t>(pm[r * kTok + c + 1]) << 16);
-    wg::st_pair(smem_u32(s_p), r, c, packed);
+  // P in the register A operand's layout (PTX ISA "WGMMA .m64nNk16 register
+  // fragment layout for matrix A"), stored by warpgroup 0 through
+  // store_a_block, as the kernels store P after their softmax.
+  if (g == 0) {
+    uint32_t a[16];
+    const int row = wg::acc_row(wtid, 0), c2 = 2 * (wtid & 3);
+    for (int kt = 0; kt < 4; ++kt)
+      for (int m = 0; m < 4; ++m) {
+        const int r = row + 8 * (m & 1), c = 16 * kt + 8 * (m >> 1) + c2;
+        a[4 * kt + m] = pm[r * kTok + c] | (static_cast<uint32_t>(pm[r * kTok + c + 1]) << 16);
+      }
+    wg::store_a_block(smem_u32(s_p), wtid, a);
   }
   wg::fence_proxy_async();
   __syncthreads();
@@ -185,7 +191,7 @@ __global__ void __launch_bounds__(256, 1) pv_probe(const uint16_t* pm, const uin
   wg::fence();
 #pragma unroll
   for (int kt = 0; kt < kTok / 16; ++kt)
-    wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), desc_v + (wg::mn_major_step(kt) >> 4));
+    wg::mma_m64n256k16_ss_tb<kBf16>(o, wg::desc_at(desc_p, wg::k_major_step(kt, kRows)), wg::desc_at(desc_v, wg::mn_major_step(kt)));
   wg::commit();
   wg::wait<0>();
   wg::fence_regs(o);
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(256, 1) pv_rs_probe(const uint16_t* pm, const 
   wg::fence();
 #pragma unroll
   for (int kt = 0; kt < kTok / 16; ++kt)
-    wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, desc_v + (wg::mn_major_step(kt) >> 4));
+    wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, wg::desc_at(desc_v, wg::mn_major_step(kt)));
   wg::commit();
   wg::wait<0>();
   wg::fence_regs(o);

@@ -220,11 +220,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
         const bool first = fresh && i == 0 && kk == 4 * j;
         if (j < kBlocks - 1) {
-          if (first) wg::mma_m64n64k16_ss_first<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
-          else wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+          if (first) wg::mma_m64n64k16_ss_first<kBf16>(s, wg::desc_at(desc_q, off), wg::desc_at(desc_k, off));
+          else wg::mma_m64n64k16_ss<kBf16>(s, wg::desc_at(desc_q, off), wg::desc_at(desc_k, off));
         } else {
-          if (first) wg::mma_m64n64k16_rs_first<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
-          else wg::mma_m64n64k16_rs<kBf16>(s, q_rope + 4 * (kk - 4 * j), desc_k + (off >> 4));
+          if (first) wg::mma_m64n64k16_rs_first<kBf16>(s, q_rope + 4 * (kk - 4 * j), wg::desc_at(desc_k, off));
+          else wg::mma_m64n64k16_rs<kBf16>(s, q_rope + 4 * (kk - 4 * j), wg::desc_at(desc_k, off));
         }
       }
     }
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t dv = v_desc(t);
 #pragma unroll
     for (int kt = 0; kt < kTok / 16; ++kt)
-      wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv + (wg::mn_major_step(kt) >> 4));
+      wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, wg::desc_at(dv, wg::mn_major_step(kt)));
     wg::commit();
   };
   auto product_other = [&](int t, int which_p) {
@@ -339,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t dv = v_desc(t);
 #pragma unroll
     for (int kt = 0; kt < kTok / 16; ++kt)
-      wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p[which_p] + (wg::k_major_step(kt, kRows) >> 4),
-                                      dv + (wg::mn_major_step(kt) >> 4));
+      wg::mma_m64n256k16_ss_tb<kBf16>(o, wg::desc_at(desc_p[which_p], wg::k_major_step(kt, kRows)),
+                                      wg::desc_at(dv, wg::mn_major_step(kt)));
     wg::commit();
   };
   auto rescale_o = [&](float a0, float a1) {
@@ -352,14 +352,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * j + 3] *= a1;
     }
   };
-  // store_p: P (scaled by f per row) into the shared block at `block`, published by the caller's barrier.
-  auto store_p = [&](const float(&s)[kTok / 2], uint32_t block, float f0, float f1) {
-#pragma unroll
-    for (int j = 0; j < kTok / 8; ++j) {
-      const int col = wg::acc_col(wtid, 4 * j);
-      wg::st_pair(block, r_lo, col, pack2<kBf16>(s[4 * j] * f0, s[4 * j + 1] * f0));
-      wg::st_pair(block, r_lo + 8, col, pack2<kBf16>(s[4 * j + 2] * f1, s[4 * j + 3] * f1));
-    }
+  // store_p: P as the A operand (pk's layout) into the shared block at
+  // `block`, published by the caller's barrier.
+  auto store_p = [&](const uint32_t(&a)[kTok / 4], uint32_t block) {
+    wg::store_a_block(block, wtid, a);
     wg::fence_proxy_async();
   };
 
@@ -436,7 +432,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (has2) load_kv(b + 2, next2, Box0{}, BoxRight{});
       other[0] = s_scale1[r_lo];
       other[1] = s_scale1[r_lo + 8];
-      store_p(s, s_p0, other[0], other[1]);  // P of tile b against tile b + 1's maxima
+      // P of tile b against tile b + 1's maxima, packed into pk (free: the
+      // product that read it is complete).
+#pragma unroll
+      for (int i = 0; i < kTok / 4; ++i)
+        pk[i] = wg::pack_a<kBf16>(s[2 * i] * other[i & 1], s[2 * i + 1] * other[i & 1]);
+      store_p(pk, s_p0);
       hand_arrive(kBarP0);
       l[0] *= other[0];
       l[1] *= other[1];
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       rescale_o(other[0] * alpha[0], other[1] * alpha[1]);
       if (has1) {
         wg::acc_to_a<kBf16>(s, pk);
-        store_p(s, s_p1, 1.f, 1.f);
+        store_p(pk, s_p1);
         if (!steady) zero_v(b + 1, kLeft, 2 * kLeft);
         product_own(b + 1);
       }

@@ -217,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 
   if (g == 0) {
     // ---------------- warpgroup 0: S, softmax, O[:, 0:256] ----------------
-    // Descriptors move by adding encoded byte offsets (offset >> 4) to a
-    // base: every address stays below 256 KB, so the 14-bit field never
-    // carries.
+    // Descriptors move by byte offsets through wg::desc_at (a 32-bit add to
+    // the start-address field, which never carries: every address stays
+    // below 256 KB).
     const uint64_t desc_q = wg::desc_k_sw128(s_q);
     const uint64_t desc_v = wg::desc_mn_sw128(s_kv, kBlockBytes);  // column blocks 0..3
     const uint64_t desc_p = wg::desc_k_sw128(s_p);                   // only without kWg0PvFromRegs
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll
       for (int kk = 0; kk < kQkDim / 16; ++kk) {
         const uint32_t off = wg::k_major_step(kk, kRows);  // Q and the stage both have 64 rows
-        wg::mma_m64n64k16_ss<kBf16>(s, desc_q + (off >> 4), desc_k + (off >> 4));
+        wg::mma_m64n64k16_ss<kBf16>(s, wg::desc_at(desc_q, off), wg::desc_at(desc_k, off));
       }
       wg::commit();
       if (it > 0 && it + 1 < n_tiles && !freed) {
@@ -358,17 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       // It cannot be a phase further ahead (it arrives on phase it only after
       // PFull(it), below), so the parity names the phase.
       if (it > 0) wg::mbar_wait(s_pfree, static_cast<uint32_t>((it - 1) & 1));
-#pragma unroll
-      for (int j = 0; j < kTok / 8; ++j) {
-        const int tok = wg::acc_col(wtid, 4 * j);
-        wg::st_pair(s_p, r_lo, tok, pk[2 * j]);
-        wg::st_pair(s_p, r_lo + 8, tok, pk[2 * j + 1]);
-      }
+      wg::store_a_block(s_p, wtid, pk);
       if ((lane & 3) == 0) {
         s_scale[r_lo] = alpha[0];
         s_scale[r_lo + 8] = alpha[1];
       }
-      wg::fence_proxy_async();  // P, written by st.shared, is read by warpgroup 1's wgmma
+      wg::fence_proxy_async();  // P, written by stmatrix, is read by warpgroup 1's wgmma
       wg::bar_sync(kBarPFull, kThreads);
 
       // O[:, 0:256] += P V, P from registers: column blocks 0..3 of the
@@ -380,13 +375,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::fence();
 #pragma unroll
       for (int kt = 0; kt < kTok / 16; ++kt) {
-        const uint64_t dv = desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4);
+        const uint64_t dv = wg::desc_at(desc_v, stage * kTileBytes + wg::mn_major_step(kt));
         if constexpr (kWg0PvFromRegs) {
           wg::mma_m64n256k16_rs_tb<kBf16>(o, pk + 4 * kt, dv);
         } else {
           // P(it) in shared memory is rewritten only after PFree(it), which
           // follows this warpgroup's wait for this P V in tile it + 1.
-          wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4), dv);
+          wg::mma_m64n256k16_ss_tb<kBf16>(o, wg::desc_at(desc_p, wg::k_major_step(kt, kRows)), dv);
         }
       }
       wg::commit();
@@ -423,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       wg::fence();
 #pragma unroll
       for (int kt = 0; kt < kTok / 16; ++kt)
-        wg::mma_m64n256k16_ss_tb<kBf16>(o, desc_p + (wg::k_major_step(kt, kRows) >> 4),
-                                        desc_v + ((stage * kTileBytes + wg::mn_major_step(kt)) >> 4));
+        wg::mma_m64n256k16_ss_tb<kBf16>(o, wg::desc_at(desc_p, wg::k_major_step(kt, kRows)),
+                                        wg::desc_at(desc_v, stage * kTileBytes + wg::mn_major_step(kt)));
       wg::commit();
       wg::wait<0>();
       wg::fence_regs(o);

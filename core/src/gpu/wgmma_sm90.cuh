@@ -54,6 +54,16 @@ __host__ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t l
          (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
 
+// A descriptor `byte_off` bytes further into shared memory. The start
+// address field is the low word's bits [0,14), and a shared-memory address
+// (< 2^18 bytes) leaves it below 2^14, so the sum never carries out of the
+// low word. Adding there leaves the high word (SBO, swizzle) a constant; a
+// 64-bit add compiled to a carry chain and a rebuilt high word, eight uniform
+// instructions a wgmma against four (nvcc 13.0).
+__host__ __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t byte_off) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (byte_off >> 4));
+}
+
 // K-major operand (rows = M or N, 64 K elements per 128-byte row): groups of
 // 8 rows are 1024 bytes apart (SBO); LBO is unused by swizzled K-major
 // layouts and set to 1 as the ISA says it is assumed. A k16 slice k of a
@@ -133,14 +143,6 @@ __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
-// Stores two 16-bit elements (columns col, col + 1; col even) of row `row`
-// of a 64-column K-major block at `block`: how accumulator pairs become an A
-// operand in shared memory.
-__device__ __forceinline__ void st_pair(uint32_t block, int row, int col, uint32_t packed) {
-  const uint32_t addr = block + sw128(static_cast<uint32_t>(row), static_cast<uint32_t>(col) >> 3) + (col & 7) * 2;
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-}
-
 // The register A operand of four k16 steps over one 64-column K-major block
 // at `block` (64 rows): a[4 kt + m] holds row acc_row + 8 (m & 1), columns
 // 16 kt + 8 (m >> 1) + 2 (lane % 4) + {0, 1}, the layout acc_to_a builds.
@@ -180,7 +182,7 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N]) {
 // 16kt + 8 (m >> 1) + 2 (lane % 4) + {0, 1}: exactly the A fragment
 // (a0..a7) of the PTX ISA figure "WGMMA .m64nNk16 register fragment layout
 // for matrix A" (CUTLASS ALayout_64x16 = CLayout_64x16). The same packed
-// register is what st_pair stores for the shared-memory copy of P.
+// register is what store_a_block stores for the shared-memory copy of P.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pack_a(float lo, float hi) {
   uint32_t r;
@@ -195,6 +197,23 @@ __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N 
 }
 
 #if defined(MLACORE_WGMMA_ENABLED)
+
+// The inverse of load_a_block: the register A operand of four k16 steps
+// (the layout acc_to_a builds) into the 64-column K-major block at `block`
+// (64 rows), one stmatrix a k-step. Its four 8 x 8 matrices are registers
+// 4 kt + m, rows + 8 (m & 1) and columns + 8 (m >> 1) of the step; lanes
+// 8 m .. 8 m + 7 give matrix m's row addresses.
+__device__ __forceinline__ void store_a_block(uint32_t block, int wg_tid, const uint32_t (&a)[16]) {
+  const int lane = wg_tid & 31, m = lane >> 3;
+  const uint32_t row = 16u * static_cast<uint32_t>(wg_tid >> 5) + 8u * (m & 1) + (lane & 7);
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+    const uint32_t addr = block + sw128(row, 2u * kt + static_cast<uint32_t>(m >> 1));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a[4 * kt]),
+                 "r"(a[4 * kt + 1]), "r"(a[4 * kt + 2]), "r"(a[4 * kt + 3])
+                 : "memory");
+  }
+}
 
 // The accumulators go to wgmma as N/2 scalar "+f" operands, eight at a time.
 #define MLACORE_WGMMA_ACC8(b)                                                                        \
