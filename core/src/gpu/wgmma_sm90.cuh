@@ -100,7 +100,7 @@ template <int kPending>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Generic-proxy shared-memory writes (st.shared, cp.async) become visible to
+// Generic-proxy shared-memory writes (st.shared, stmatrix, cp.async) become visible to
 // wgmma (async proxy) only through this fence by the writing thread, before
 // the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
