@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "plan/schedule.h"
+#include "gpu/pack2.cuh"
 #include "decode/mla_decode.h"
 
 namespace mlacore {
@@ -155,14 +156,6 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // product that read it is complete).
 #pragma unroll
       for (int i = 0; i < kTok / 4; ++i)
-        pk[i] = wg::pack_a<kBf16>(s[2 * i] * other[i & 1], s[2 * i + 1] * other[i & 1]);
+        pk[i] = pack2<kBf16>(s[2 * i] * other[i & 1], s[2 * i + 1] * other[i & 1]);
       store_p(pk, s_p0);
       hand_arrive(kBarP0);
       l[0] *= other[0];

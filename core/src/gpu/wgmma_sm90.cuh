@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "gpu/pack2.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLACORE_WGMMA_ENABLED 1
 #endif
@@ -183,17 +185,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N]) {
 // (a0..a7) of the PTX ISA figure "WGMMA .m64nNk16 register fragment layout
 // for matrix A" (CUTLASS ALayout_64x16 = CLayout_64x16). The same packed
 // register is what store_a_block stores for the shared-memory copy of P.
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack_a(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 template <bool kBf16, int N>
 __device__ __forceinline__ void acc_to_a(const float (&acc)[N], uint32_t (&a)[N / 2]) {
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) a[i] = pack_a<kBf16>(acc[2 * i], acc[2 * i + 1]);
+  for (int i = 0; i < N / 2; ++i) a[i] = pack2<kBf16>(acc[2 * i], acc[2 * i + 1]);
 }
 
 #if defined(MLACORE_WGMMA_ENABLED)
