@@ -32,6 +32,7 @@
 #include "decode/mla_decode_seesaw.h"
 #include "decode/mla_decode_sm90.h"
 #include "decode/mla_decode_sm90_steps.cuh"
+#include "decode/decode_timeline.cuh"
 
 namespace mlacore {
 namespace {
@@ -411,6 +412,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The page ids of the next pair, loaded now: both warpgroups refill
     // halves of both of its tiles, and the index loads' latency hides behind
     // this pair's softmax and products instead of sitting in front of a refill.
+    [[maybe_unused]] const int pi = b >> 1;  // the pair's index, for the pair marks (attribution builds)
+    MLACORE_PAIR_MARK(pi, 10 * g, leader);
     TilePage<Idx> next2 = own, next3 = own;
     if (has2) next2 = tile_page(b + 2);
     if (has3) next3 = tile_page(b + 3);
@@ -420,15 +423,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (has2) load_kv(b + 2, next2, BoxRope{}, AllBoxes{});
       publish_max(s, b, page_valid(own), steady, s_scale0, alpha, l, m_use);
       hand_arrive(kBarScale0);
+      MLACORE_PAIR_MARK(pi, 1, leader);
       exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
       if (!steady) zero_v(b, 0, kLeft);
       product_own(b);
+      MLACORE_PAIR_MARK(pi, 2, leader);
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(pk);
       hand_wait(kBarScale1, b);
+      MLACORE_PAIR_MARK(pi, 3, leader);
       if (has2) load_kv(b + 2, next2, Box0{}, BoxRight{});
       other[0] = s_scale1[r_lo];
       other[1] = s_scale1[r_lo + 8];
@@ -439,29 +445,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         pk[i] = pack2<kBf16>(s[2 * i] * other[i & 1], s[2 * i + 1] * other[i & 1]);
       store_p(pk, s_p0);
       hand_arrive(kBarP0);
+      MLACORE_PAIR_MARK(pi, 4, leader);
       l[0] *= other[0];
       l[1] *= other[1];
       if (has1) {
         hand_wait(kBarO1, b);
+        MLACORE_PAIR_MARK(pi, 5, leader);
         if (!steady) zero_v(b + 1, 0, kLeft);
         rescale_o(other[0], other[1]);
         product_other(b + 1, 1);
       }
       if (has2) compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{}, Fresh{});
+      MLACORE_PAIR_MARK(pi, 6, leader);
       if (has3) {
         wg::wait<1>();  // the product with sP1, not the S just issued
         wg::fence_regs(o);
         load_kv(b + 3, next3, Box0{}, BoxRight{});
       }
+      MLACORE_PAIR_MARK(pi, 7, leader);
       if (has2) compute_s(s, b + 2, BoxRight{}, RightV{}, AllBoxes{}, Accumulate{});
+      MLACORE_PAIR_MARK(pi, 8, leader);
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(s);
+      MLACORE_PAIR_MARK(pi, 9, leader);
       own = next2;
     } else {
       // -------- warpgroup 1: tile b + 1 --------
       if (has3) load_kv(b + 3, next3, BoxRope{}, AllBoxes{});  // as warpgroup 0's above
       hand_wait(kBarScale0, b);
+      MLACORE_PAIR_MARK(pi, 11, leader);
       other[0] = s_scale0[r_lo];
       other[1] = s_scale0[r_lo + 8];
       l[0] *= other[0];
@@ -473,6 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::fence_regs(s);
         publish_max(s, b + 1, page_valid(own), steady, s_scale1, alpha, l, m_use);
         hand_arrive(kBarScale1);
+        MLACORE_PAIR_MARK(pi, 12, leader);
         exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
@@ -486,26 +500,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!steady) zero_v(b + 1, kLeft, 2 * kLeft);
         product_own(b + 1);
       }
+      MLACORE_PAIR_MARK(pi, 13, leader);
       hand_wait(kBarP0, b);
+      MLACORE_PAIR_MARK(pi, 14, leader);
       if (!steady) zero_v(b, kLeft, 2 * kLeft);
       product_other(b, 0);
       if (has1) hand_arrive(kBarO1);
+      MLACORE_PAIR_MARK(pi, 15, leader);
       if (has3) {
         wg::wait<1>();  // the product with this warpgroup's P (the other one still accumulates into o)
         wg::fence_regs(pk);
         load_kv(b + 3, next3, BoxRight{}, BoxRope{});
       }
+      MLACORE_PAIR_MARK(pi, 16, leader);
       wg::wait<0>();
       wg::fence_regs(o);
       if (has2) load_kv(b + 2, next2, BoxRight{}, BoxRope{});
+      MLACORE_PAIR_MARK(pi, 17, leader);
       if (has3) {
         compute_s(s, b + 3, BoxRope{}, OneBox{}, AllBoxes{}, Fresh{});
         compute_s(s, b + 3, BoxRight{}, VBoxes{}, VBoxes{}, Accumulate{});  // its own right half was refilled first
       }
+      MLACORE_PAIR_MARK(pi, 18, leader);
       wg::wait<0>();
       wg::fence_regs(o);
       wg::fence_regs(pk);
       wg::fence_regs(s);
+      MLACORE_PAIR_MARK(pi, 19, leader);
       own = next3;
     }
   };
@@ -571,6 +592,8 @@ bool launch_typed(const DecodeParams<Idx>& p, gpuStream_t stream) {
 }
 
 }  // namespace
+
+MLACORE_PAIRS_EXPORT(mlacore_debug_decode_pairs)
 
 template <class Idx>
 bool launch_mla_decode_seesaw(const DecodeParams<Idx>& p, bool bf16, gpuStream_t stream) {
