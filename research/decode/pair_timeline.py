@@ -33,13 +33,11 @@ import types
 
 os.environ["MLACORE_DECODE_KERNEL"] = "seesaw"
 
-import ctypes  # noqa: E402
-
 import torch  # noqa: E402
 
-import mlacore  # noqa: E402
 from bench import _mla  # noqa: E402
 from bench._timing import L2Flush  # noqa: E402
+from timeline import library  # noqa: E402  (research/decode/timeline.py, beside this script)
 
 CTAS, PAIRS, SLOTS = 8, 64, 20
 NAMES = ["top", "Scale0 arrive", "own PV issued", "Scale1 waited", "P0 arrive", "O1 waited", "S part 1 issued",
@@ -49,13 +47,7 @@ NAMES1 = ["top", "Scale0 waited", "Scale1 arrive", "own PV issued", "P0 waited",
 
 
 def mlacore_reader():
-    lib = ctypes.CDLL(os.path.join(mlacore.get_library_dir(), "libmlacore.so.0"))
-    try:
-        fn = lib.mlacore_debug_decode_pairs
-    except AttributeError:
-        sys.exit("this libmlacore is not a timeline build (meson -Ddecode_timeline=true)")
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
+    fn = library("mlacore_debug_decode_pairs")
     return lambda host: fn(host.data_ptr())
 
 

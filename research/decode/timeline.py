@@ -32,10 +32,11 @@ PHASES = (("item", 0, 1), ("Q+tile0", 1, 2), ("S(0)", 2, 3), ("tiles", 3, 4), ("
           ("store", 6, 7), ("total", 0, 7))
 
 
-def library():
+def library(name="mlacore_debug_decode_timeline"):
+    """A record reader of a timeline build's libmlacore: fn(host pointer) -> 0 on success."""
     lib = ctypes.CDLL(os.path.join(mlacore.get_library_dir(), "libmlacore.so.0"))
     try:
-        fn = lib.mlacore_debug_decode_timeline
+        fn = getattr(lib, name)
     except AttributeError:
         sys.exit("this libmlacore is not a timeline build (meson -Ddecode_timeline=true)")
     fn.argtypes = [ctypes.c_void_p]
