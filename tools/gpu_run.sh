@@ -7,6 +7,7 @@
 #   bash tools/gpu_run.sh "decode-ab:seesaw"   (a decode kernel switch against the default, one build)
 #   bash tools/gpu_run.sh "ncu-decode:seesaw,wgmma"   (where each decode kernel and FlashMLA wait, by ncu)
 #   AB_TREES="x=.scratch/x.tar" bash tools/gpu_run.sh tree-ab   (decode variants built beside this tree)
+#   FLASHMLA_KIT=kit.tar.gz bash tools/gpu_run.sh pair-timeline   (the seesaw's pair hand-offs beside FlashMLA's)
 #   OUT_PACK=1 bash tools/gpu_run.sh ...   (the logs come back as one file, $OUT/run0.tar.gz)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
@@ -269,6 +270,32 @@ for step in $STEPS; do
           echo "ncu $k: no report ($(tail -1 "$OUT/ncu-$k-run.txt"))"
         fi
       done ;;
+    pair-timeline)
+      # The seesaw's pair marks beside FlashMLA's (research/decode/pair_timeline.py): a timeline
+      # build into /tmp/tl-site; with FLASHMLA_KIT (the kit's .tar.gz), the kit unpacked into .peer,
+      # research/decode/variants/flashmla-pair-marks.patch applied and FlashMLA built beside it.
+      # PAIR_SHAPES: BATCH KV HEADS triples (default "8 32768 128 32 8192 128"), page 64.
+      fm=""
+      if [ -n "${FLASHMLA_KIT:-}" ]; then
+        rm -rf "$ROOT/.peer/flashmla" "$ROOT/build/flashmla-build"; mkdir -p "$ROOT/.peer"
+        if tar -xzf "$FLASHMLA_KIT" -C "$ROOT/.peer" &&
+           patch -p1 -d "$ROOT/.peer" < "$ROOT/research/decode/variants/flashmla-pair-marks.patch" > "$OUT/fm-patch.txt"; then
+          (bash "$ROOT/tools/flashmla_build.sh" > /tmp/fm-pairs.out 2> "$OUT/fm-build.txt"; echo $? > /tmp/fm-pairs.rc) &
+          fm_pid=$!
+        else
+          echo "pair-timeline: the FlashMLA kit or its patch did not apply (fm-patch.txt)"
+        fi
+      fi
+      python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/tl-site -Csetup-args=-Dsm_targets=90a \
+        -Csetup-args=-Ddecode_timeline=true -Cbuild-dir=build/gpu-timeline "$ROOT" > "$OUT/tl-build.txt" 2>&1 ||
+        { echo "pair-timeline: the timeline build failed"; tail -20 "$OUT/tl-build.txt"; }
+      if [ -n "${fm_pid:-}" ]; then
+        wait "$fm_pid"
+        [ "$(cat /tmp/fm-pairs.rc)" = 0 ] && fm=$(tail -1 /tmp/fm-pairs.out) || echo "pair-timeline: FlashMLA did not build (fm-build.txt)"
+      fi
+      (cd "$ROOT" && PYTHONPATH="/tmp/tl-site${fm:+:$fm}:$PYTHONPATH:$ROOT" timeout 240 python3 research/decode/pair_timeline.py \
+        ${PAIR_SHAPES:-8 32768 128 32 8192 128}) > "$OUT/pair-timeline.txt" 2>&1
+      echo "pair-timeline rc=$?"; tail -40 "$OUT/pair-timeline.txt" ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
       timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" \
