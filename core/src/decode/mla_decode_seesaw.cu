@@ -9,8 +9,10 @@
 // 64 x 64 TMA boxes with an mbarrier each; the warpgroup that has just freed
 // a half of a stage refills it (the rope box, which no product reads, as soon
 // as the tile's S is done), and the next S runs box by box in the order of
-// the refills. Each warpgroup publishes its row maxima before it
-// exponentiates, so the other's softmax waits for the maxima alone. Same
+// the refills. Each warpgroup writes its row maxima to sM before it
+// exponentiates, but ptxas schedules the arrival that hands them over after
+// the exponentials and the O rescale (their inputs are in registers), so the
+// other warpgroup waits for those too (design article, 2026-12-07). Same
 // contract, schedule, epilogue and combine as the wgmma kernel. Design:
 // docs/design/2026-12-03-decode-seesaw.md; the barrier protocol is
 // research/decode/seesaw_model.py's, whose op lists the loops below follow
