@@ -216,11 +216,20 @@ for step in $STEPS; do
       # for every variant ("name@seesaw").
       sides="this"
       for k in ${AB_THIS_KERNELS:-}; do sides="$sides this@$k"; done
+      # The variants build side by side (a build's time is mostly its longest nvcc
+      # job, so several at once fill the cores better than one after the other).
       for spec in ${AB_TREES:-}; do
         name=${spec%%=*}; tarball=${spec#*=}
         rm -rf "/tmp/src-$name" "/tmp/site-$name"; mkdir -p "/tmp/src-$name"; tar -xf "$tarball" -C "/tmp/src-$name"
-        if (cd "/tmp/src-$name" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/site-$name" \
-              -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-$name.txt" 2>&1); then
+        (cd "/tmp/src-$name" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/site-$name" \
+           -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-$name.txt" 2>&1
+         echo $? > "/tmp/src-$name.rc") &
+      done
+      wait
+      echo "variants built in $(( $(date +%s) - t0 )) s"
+      for spec in ${AB_TREES:-}; do
+        name=${spec%%=*}
+        if [ "$(cat "/tmp/src-$name.rc")" = 0 ]; then
           sides="$sides $name"
           for k in ${AB_TREE_KERNELS:-}; do sides="$sides $name@$k"; done
         else
