@@ -220,7 +220,7 @@ for step in $STEPS; do
       # job, so several at once fill the cores better than one after the other).
       for spec in ${AB_TREES:-}; do
         name=${spec%%=*}; tarball=${spec#*=}
-        rm -rf "/tmp/src-$name" "/tmp/site-$name"; mkdir -p "/tmp/src-$name"; tar -xf "$tarball" -C "/tmp/src-$name"
+        rm -rf "/tmp/src-$name" "/tmp/site-$name" "/tmp/src-$name.rc"; mkdir -p "/tmp/src-$name"; tar -xf "$tarball" -C "/tmp/src-$name"
         (cd "/tmp/src-$name" && python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/site-$name" \
            -Csetup-args=-Dsm_targets=90a -Cbuild-dir=build/gpu . > "$OUT/build-$name.txt" 2>&1
          echo $? > "/tmp/src-$name.rc") &
@@ -229,7 +229,7 @@ for step in $STEPS; do
       echo "variants built in $(( $(date +%s) - t0 )) s"
       for spec in ${AB_TREES:-}; do
         name=${spec%%=*}
-        if [ "$(cat "/tmp/src-$name.rc")" = 0 ]; then
+        if [ "$(cat "/tmp/src-$name.rc" 2>/dev/null)" = 0 ]; then
           sides="$sides $name"
           for k in ${AB_TREE_KERNELS:-}; do sides="$sides $name@$k"; done
         else
