@@ -32,8 +32,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._mla import (DecodeCase, flashinfer_runner, flashmla_runner, floor_ms, flops_of, kv_bytes, naive_decode,
-                   ragged_lens, timer)
+from ._mla import (OUT_TOL, DecodeCase, flashinfer_runner, flashmla_runner, floor_ms, flops_of, kv_bytes,
+                   naive_decode, ragged_lens, timer)
 from ._report import Table
 from ._timing import alternating
 
@@ -53,6 +53,9 @@ class Shape(NamedTuple):
 
     def tags(self):
         return {self.group, f"h{self.heads}", f"p{self.page}"}
+
+    def label(self):
+        return f"{self.group} {self.batch}/{self.kv}/{self.heads}/{self.page}/{self.qo}"
 
 
 def _ragged(batch, lo, hi, heads, page, seed):
@@ -151,6 +154,7 @@ def run(ctx):
                "x FlashMLA", "cat path ms", "naive ms"],
               plot=("bars", ["batch", "kv_len", "heads", "page", "qo"], ["x fa3", "x FlashMLA"]))
     notes = set()
+    errs = []  # (row, max |mlacore - fa3|) of every row fa3 ran
     floors = {}
     for s in rows:
         lens = list(s.lens) if s.lens else [s.kv] * s.batch
@@ -168,6 +172,11 @@ def run(ctx):
         fm, why = flashmla_runner(ctx, case)
         if why:
             notes.add(why)
+        if fi is not None:
+            # A time is only worth reporting for a right answer: mlacore's output against fa3's.
+            case.run()
+            fi()
+            errs.append((s.label(), (case.out.float() - fi.out.float()).abs().max().item()))
         ms, fi_ms, fm_ms = alternating(measure, [case.run, fi, fm], rounds)
         cat_ms = naive_ms = float("nan")
         if s.group == "bar" and s.page in (1, 64):
@@ -194,6 +203,10 @@ def run(ctx):
     line = _summary("x FlashMLA at heads=128", [r for r in t.rows if r[3] == 128], "x FlashMLA", t)
     if line:
         t.notes.append(line)
+    if errs:
+        bad = [f"{row} ({e:.3g})" for row, e in errs if not e < OUT_TOL]
+        t.notes.append(f"outputs against fa3: max |diff| {max(e for _, e in errs):.3g} over {len(errs)} rows"
+                       + (f"; DIFFERS (>= {OUT_TOL}) at {', '.join(bad)}" if bad else f" (tolerance {OUT_TOL})"))
     t.notes.append("bars: x fa3 >= 1.00 at every row and geomean >= 1.05; x FlashMLA >= 1.00 at heads=128; "
                    "heads=16 bar rows x floor <= 1.05")
     t.notes.extend(sorted(notes))

@@ -168,3 +168,38 @@ def test_append_bar_lines_count_the_rows_each_bar_covers():
     t.rows = [r for r in t.rows if r[0] != 65536]
     assert append.bar_lines(t, append.MLA_BARS) == [
         "bar nnz >= 65536 x flashinfer >= 1.6: no measured rows (1 without the column)"]
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_attn_mode_checks_mlacore_against_fa3(monkeypatch, wrong):
+    # Where fa3 runs, every row's mlacore output is compared with fa3's and the notes give the largest
+    # difference, naming the rows past the tolerance. A stand-in fa3 (mlacore's own CPU decode, or that
+    # plus an error) runs the check on the CPU.
+    import argparse
+
+    import torch
+
+    from mlacore.bench import Context, _mla, attn
+
+    def stand_in(ctx, idx, heads, page_size, dtype, q_nope, q_pe, ckv, kpe, causal=False):
+        w = _mla.make_wrapper(ctx, idx, heads, page_size, dtype, causal)
+        out = torch.empty_like(q_nope)
+
+        def fn():
+            w.run(q_nope, q_pe, ckv, kpe, out=out)
+            if wrong:
+                out[0, 0, 0] += 1.0
+
+        fn.out = out
+        return fn, None
+
+    monkeypatch.setattr(attn, "flashinfer_runner", stand_in)
+    ctx = Context(argparse.Namespace(device="cpu", size="small", separate=False, repeats=1,
+                                     shapes="bar+h16,multi+h16"))
+    (table,) = attn.run(ctx)
+    (line,) = [n for n in table.notes if n.startswith("outputs against fa3")]
+    assert "over 2 rows" in line
+    if wrong:
+        assert "DIFFERS" in line and "bar 2/512/16/1/1" in line and "multi 2/200/16/1/2" in line
+    else:
+        assert "max |diff| 0 " in line and "DIFFERS" not in line

@@ -248,7 +248,7 @@ for step in $STEPS; do
           mode=${AB_MODE:-attn}; shapes=(); [ "$mode" = attn ] && shapes=(--shapes "${ATTN_SHAPES:-bar,long,large,multi,ragged}")
           env PYTHONPATH="$site" ${kernel:+MLACORE_DECODE_KERNEL=$kernel} timeout 300 python3 -m mlacore bench --mode "$mode" \
             "${shapes[@]}" --json "$OUT/tree-ab-${side/@/-at-}-$r.json" > "$OUT/tree-ab-${side/@/-at-}-$r.txt" 2>&1
-          echo "$side ($r): rc=$? $(grep -E "x fa3: geomean" "$OUT/tree-ab-${side/@/-at-}-$r.txt")"
+          echo "$side ($r): rc=$? $(grep -E "x fa3: geomean|DIFFERS" "$OUT/tree-ab-${side/@/-at-}-$r.txt")"
         done
       done ;;
     ncu-decode|ncu-decode:*)
