@@ -138,6 +138,11 @@ def naive_decode(q_nope, q_pe, ckv, kpe, idx, page_size):
 OUT_TOL = 5e-2
 
 
+def max_diff(a, b):
+    """Largest |a - b| over two outputs of the same shape, as a float (compared against OUT_TOL)."""
+    return (a.float() - b.float()).abs().max().item()
+
+
 def flashinfer_runner(ctx, idx, heads, page_size, dtype, q_nope, q_pe, ckv, kpe, causal=False):
     """A callable running FlashInfer's fa3 MLA on the same inputs, or (None, why not).
     The callable's `out` attribute is the tensor each call writes."""
@@ -193,7 +198,7 @@ def flashmla_runner(ctx, case):
         out, _ = fn()
         # A wrong column is worse than none: its output must match mlacore's.
         case.run()
-        err = (out.reshape(case.out.shape).float() - case.out.float()).abs().max().item()
+        err = max_diff(out.reshape(case.out.shape), case.out)
         if not err < OUT_TOL:
             return None, f"FlashMLA not measured: its output differs from mlacore's by {err:.3g}"
         return fn, None
