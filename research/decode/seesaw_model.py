@@ -80,8 +80,8 @@ def wg0(n):
         if b + 2 < n:
             ops += load(b + 2, LEFT)
         ops += [("ev", "sScale1_read", k), ("ev", "sP0_write", k), ("arrive", "P0Ready", k)]
-        if b + 1 < n:
-            ops += [("sync", "O1Issued", k), ("ev", "O0_issue", b + 1)]  # O0 *= sScale1; O0 += sP1 V1L
+        if b + 1 < n:  # O0 *= sScale1 (read again here); O0 += sP1 V1L
+            ops += [("sync", "O1Issued", k), ("ev", "sScale1_reread", k), ("ev", "O0_issue", b + 1)]
         if b + 2 < n:
             ops += s_over(b + 2, ROPE + list(LEFT))
         if b + 3 < n:
@@ -152,6 +152,8 @@ def run(n, rng):
                   (("sScale1_write", k), ("sScale1_read", k)), (("sScale1_read", k), ("sScale1_write", k + 1)),
                   (("sP0_write", k), ("O1_issue", b)), (("O1_done", b), ("sP0_write", k + 1)),
                   (("sP1_write", k), ("O0_issue", b + 1)), (("O0_done", b + 1), ("sP1_write", k + 1))]
+        if b + 1 < n:  # warpgroup 0 reads sScale1 a second time, after O1Issued, for its O rescale
+            pairs += [(("sScale1_write", k), ("sScale1_reread", k)), (("sScale1_reread", k), ("sScale1_write", k + 1))]
     bad = unordered(ev, pairs)
     assert not bad, f"n={n}: ordering not guaranteed: {bad}"
 

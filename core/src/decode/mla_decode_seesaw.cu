@@ -9,10 +9,10 @@
 // 64 x 64 TMA boxes with an mbarrier each; the warpgroup that has just freed
 // a half of a stage refills it (the rope box, which no product reads, as soon
 // as the tile's S is done), and the next S runs box by box in the order of
-// the refills. Each warpgroup writes its row maxima to sM before it
-// exponentiates, but ptxas schedules the arrival that hands them over after
-// the exponentials and the O rescale (their inputs are in registers), so the
-// other warpgroup waits for those too (design article, 2026-12-07). Same
+// the refills. Each warpgroup publishes its row maxima before it
+// exponentiates: it reads its maxima and factors back from shared memory
+// after the arrival, so ptxas cannot schedule the arrival after that work,
+// and the other's softmax waits for the maxima alone. Same
 // contract, schedule, epilogue and combine as the wgmma kernel. Design:
 // docs/design/2026-12-03-decode-seesaw.md; the barrier protocol is
 // research/decode/seesaw_model.py's, whose op lists the loops below follow
@@ -346,6 +346,25 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       wg::desc_at(dv, wg::mn_major_step(kt)));
     wg::commit();
   };
+  // After a Scale hand-off: this warpgroup's own row maxima (quad leaders
+  // park them in its half of sSum, free until the epilogue) and factors
+  // read back from shared memory, so the exponentials and the O rescale wait
+  // for loads behind the arrival and ptxas cannot sink the arrival below
+  // them: the other warpgroup gets the maxima first.
+  float* s_mine = s_sum + g * kRows;
+  auto park = [&](const float (&m_use)[2]) {
+    if ((lane & 3) == 0) {
+      s_mine[r_lo] = m_use[0];
+      s_mine[r_lo + 8] = m_use[1];
+    }
+  };
+  auto reload = [&](float (&m_use)[2], float (&alpha)[2], const float* s_scale) {
+    __syncwarp();
+    m_use[0] = s_mine[r_lo];
+    m_use[1] = s_mine[r_lo + 8];
+    alpha[0] = s_scale[r_lo];
+    alpha[1] = s_scale[r_lo + 8];
+  };
   auto rescale_o = [&](float a0, float a1) {
 #pragma unroll
     for (int j = 0; j < kOCols / 8; ++j) {
@@ -424,8 +443,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The rope box of tile b's stage is free once S(b) is: tile b + 2's goes out first.
       if (has2) load_kv(b + 2, next2, BoxRope{}, AllBoxes{});
       publish_max(s, b, page_valid(own), steady, s_scale0, alpha, l, m_use);
+      park(m_use);
       hand_arrive(kBarScale0);
       MLACORE_PAIR_MARK(pi, 1, leader);
+      reload(m_use, alpha, s_scale0);
       exponentiate(s, m_use, l);
       rescale_o(alpha[0], alpha[1]);
       wg::acc_to_a<kBf16>(s, pk);
@@ -454,7 +475,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         hand_wait(kBarO1, b);
         MLACORE_PAIR_MARK(pi, 5, leader);
         if (!steady) zero_v(b + 1, 0, kLeft);
-        rescale_o(other[0], other[1]);
+        // sScale1 read again after O1, not taken from `other`: the rescale's
+        // 128 multiplies then wait for a load behind this barrier, so ptxas
+        // cannot hoist them ahead of the P0 arrival that warpgroup 1 waits
+        // for (FlashMLA reads it here too).
+        rescale_o(s_scale1[r_lo], s_scale1[r_lo + 8]);
         product_other(b + 1, 1);
       }
       if (has2) compute_s(s, b + 2, BoxRope{}, RopeAndLeft{}, AllBoxes{}, Fresh{});
@@ -487,8 +512,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wait<0>();
         wg::fence_regs(s);
         publish_max(s, b + 1, page_valid(own), steady, s_scale1, alpha, l, m_use);
+        park(m_use);
         hand_arrive(kBarScale1);
         MLACORE_PAIR_MARK(pi, 12, leader);
+        reload(m_use, alpha, s_scale1);
         exponentiate(s, m_use, l);
       } else {  // no tile b + 1: the maxima stay
         alpha[0] = alpha[1] = 1.f;
@@ -550,6 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
   }
+  __syncwarp();  // every lane has read its parked maxima (reload) before the sums take their place
   if ((lane & 3) == 0) {
     s_sum[g * kRows + r_lo] = l[0];
     s_sum[g * kRows + r_lo + 8] = l[1];
