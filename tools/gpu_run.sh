@@ -8,6 +8,7 @@
 #   bash tools/gpu_run.sh "ncu-decode:seesaw,wgmma"   (where each decode kernel and FlashMLA wait, by ncu)
 #   AB_TREES="x=.scratch/x.tar" bash tools/gpu_run.sh tree-ab   (decode variants built beside this tree)
 #   FLASHMLA_KIT=kit.tar.gz bash tools/gpu_run.sh pair-timeline   (the seesaw's pair hand-offs beside FlashMLA's)
+#   AB_TREES="base=.scratch/base.tar" bash tools/gpu_run.sh "land-check tree-ab"   (a kernel change's checks and A/B)
 #   OUT_PACK=1 bash tools/gpu_run.sh ...   (the logs come back as one file, $OUT/run0.tar.gz)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
@@ -153,6 +154,31 @@ for step in $STEPS; do
       done | tee "$OUT/sanitizer-summary.txt"
       tar -czf "$OUT/sanitizer-logs.tar.gz" -C "$OUT" sanitizer && rm -rf "$san_dir"
       echo "logs: sanitizer-logs.tar.gz ($(wc -c < "$OUT/sanitizer-logs.tar.gz") bytes)" ;;
+    land-check)
+      # A decode kernel change's GPU checks before it lands: test_decode whole, alone on the GPU
+      # (LAND_TEST_S s, default 240), while the racecheck build (-Dracecheck_barriers=true) builds
+      # into /tmp/rc-site; then memcheck (5 processes) and racecheck (10, that build first on the
+      # path) side by side over test_decode's tests picked by LAND_K (default "gpu and (64 or
+      # seesaw)"), LAND_SAN_S s a process (default 300). Beside 15 sanitizer processes the plain
+      # run crawls, hence the order. Follow with tree-ab for the A/B against the base tree.
+      python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/rc-site -Csetup-args=-Dsm_targets=90a \
+        -Csetup-args=-Dracecheck_barriers=true -Cbuild-dir=build/gpu-rc . > "$OUT/build-rc.txt" 2>&1 &
+      rc_pid=$!
+      (cd /tmp && timeout "${LAND_TEST_S:-240}" python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests/test_decode.py" 2>&1) \
+        > "$OUT/land-test_decode.txt"
+      echo "test_decode: rc=$? $(tail -1 "$OUT/land-test_decode.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/land-test_decode.txt" | head
+      wait "$rc_pid" || { echo "land-check: the racecheck build failed (build-rc.txt)"; }
+      for tool in memcheck racecheck; do
+        [ $tool = racecheck ] && [ ! -d /tmp/rc-site/mlacore ] && continue
+        mkdir -p "$OUT/land-$tool"
+        n=$([ $tool = memcheck ] && echo 5 || echo 10)
+        env OUT="$OUT/land-$tool" OUT_PACK=0 MLACORE_SKIP_BUILD=1 SAN_FILES=test_decode.py SAN_K="${LAND_K:-gpu and (64 or seesaw)}" \
+          SAN_SPLIT=$n SAN_JOBS=$n SAN_TIMEOUT="${LAND_SAN_S:-300}" \
+          $([ $tool = racecheck ] && echo MLACORE_SITE_FIRST=/tmp/rc-site) bash "$ROOT/tools/gpu_run.sh" "sanitizer-all:$tool" \
+          > "$OUT/land-$tool.txt" 2>&1 &
+      done
+      wait
+      cat "$OUT"/land-memcheck.txt "$OUT"/land-racecheck.txt 2>/dev/null | grep -v "^logs:" ;;
     sanitizer:*)
       for tool in memcheck racecheck; do
         (cd /tmp && timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 --show-backtrace device python3 -m pytest -q -x \
