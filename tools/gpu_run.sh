@@ -161,15 +161,16 @@ for step in $STEPS; do
       # path) side by side over test_decode's tests picked by LAND_K (default "gpu and (64 or
       # seesaw)"), LAND_SAN_S s a process (default 300). Beside 15 sanitizer processes the plain
       # run crawls, hence the order. Follow with tree-ab for the A/B against the base tree.
+      rm -rf /tmp/rc-site  # never racecheck an earlier invocation's build
       python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/rc-site -Csetup-args=-Dsm_targets=90a \
         -Csetup-args=-Dracecheck_barriers=true -Cbuild-dir=build/gpu-rc . > "$OUT/build-rc.txt" 2>&1 &
       rc_pid=$!
       (cd /tmp && timeout "${LAND_TEST_S:-240}" python3 -m pytest -q -rs -p no:cacheprovider "$ROOT/tests/test_decode.py" 2>&1) \
         > "$OUT/land-test_decode.txt"
       echo "test_decode: rc=$? $(tail -1 "$OUT/land-test_decode.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/land-test_decode.txt" | head
-      wait "$rc_pid" || { echo "land-check: the racecheck build failed (build-rc.txt)"; }
-      for tool in memcheck racecheck; do
-        [ $tool = racecheck ] && [ ! -d /tmp/rc-site/mlacore ] && continue
+      tools="memcheck racecheck"
+      wait "$rc_pid" || { tools=memcheck; echo "land-check: the racecheck build failed (build-rc.txt): no racecheck"; }
+      for tool in $tools; do
         mkdir -p "$OUT/land-$tool"
         n=$([ $tool = memcheck ] && echo 5 || echo 10)
         env OUT="$OUT/land-$tool" OUT_PACK=0 MLACORE_SKIP_BUILD=1 SAN_FILES=test_decode.py SAN_K="${LAND_K:-gpu and (64 or seesaw)}" \
