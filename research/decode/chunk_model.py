@@ -13,8 +13,9 @@ with every chunk from 1 to the longest request:
 --sweep needs no mlacore: it restates the plan's five candidates and both models (the wave count
 `ceil(CTAs / SMs) * (chunk + 5)` and the list-schedule form of modelled_time() in
 core/src/plan/schedule_algorithm.h) and prints, per model, the greedy makespan of its pick over
-that of the best candidate. "model" is the greedy makespan in tiles for the plan's chunk, "best" the smallest over all chunks,
-"x" their ratio (1.000: the plan's chunk is the best the model knows). At heads=128 a tile is about
+that of the best candidate. "model" is the greedy makespan in tiles for the plan's chunk with its CTAs sorted longest first,
+"grid" the same with them in the plan's own order (its length classes), "best" the smallest sorted
+makespan over all chunks, "x" grid over best (1.000: the plan's schedule is the best the model knows). At heads=128 a tile is about
 2.3 us of the sm_90a kernels (docs/design/2026-12-03-balanced-schedule.md); the model ignores the
 combine and DRAM sharing, so it ranks chunks, it does not predict times.
 """
@@ -33,13 +34,26 @@ from bench._mla import ragged_lens  # noqa: E402
 SMS, FIXED, TILE = 132, 5, 64
 
 
-def plan_chunk(lens, heads, qo=1, page=64):
+def plan_of(lens, heads, qo=1, page=64):
+    """The chunk (tiles) and the work items' tile counts, in grid order, of the installed mlacore's plan."""
     B = len(lens)
     pages = [math.ceil(n / page) for n in lens]
     kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
     plan = mlacore.MlaPlan("cpu", max_batch=B, num_sms=SMS)
     plan.build(torch.arange(B + 1, dtype=torch.int32) * qo, kv_indptr, torch.tensor(lens, dtype=torch.int32), page, heads)
-    return plan.info.chunk_tokens // TILE
+    items = plan.work_items[: plan.info.num_work].tolist()
+    return plan.info.chunk_tokens // TILE, [math.ceil((e - b) / TILE) for _, b, e, _ in items]
+
+
+def dispatch(costs):
+    """The greedy list schedule of CTA costs in the order given, onto the SM free first."""
+    free = [0] * SMS
+    end = 0
+    for c in costs:
+        f = heapq.heappop(free) + c
+        end = max(end, f)
+        heapq.heappush(free, f)
+    return end
 
 
 def makespan(tiles, chunk, q_tiles):
@@ -48,21 +62,17 @@ def makespan(tiles, chunk, q_tiles):
     for t in tiles:
         n = 1 if t <= chunk else math.ceil(t / chunk)
         costs += [min(chunk, t - i * chunk) + FIXED for i in range(n)] * q_tiles
-    free = [0] * SMS
-    end = 0
-    for c in sorted(costs, reverse=True):
-        f = heapq.heappop(free) + c
-        end = max(end, f)
-        heapq.heappush(free, f)
-    return end
+    return dispatch(sorted(costs, reverse=True))
 
 
 def row(lens, heads, qo=1):
+    """The plan's chunk, its makespan sorted and in the plan's own grid order, the best chunk's."""
     tiles = [math.ceil(n / TILE) for n in lens]
     q = max(math.ceil(qo * heads / 64), 1)
-    chosen = plan_chunk(lens, heads, qo)
+    chosen, items = plan_of(lens, heads, qo)
+    grid = dispatch([t + FIXED for t in items for _ in range(q)])  # CTA x is item x / q
     best = min((makespan(tiles, c, q), -c) for c in range(1, max(tiles) + 1))
-    return chosen, makespan(tiles, chosen, q), -best[1], best[0]
+    return chosen, makespan(tiles, chosen, q), grid, -best[1], best[0]
 
 
 def bench_rows():
@@ -162,10 +172,10 @@ def main():
         sweep()
         return
     if not a.families:
-        print(f"{'row':28} {'chunk':>5} {'model':>6} {'best chunk':>10} {'best':>6} {'x':>6}")
+        print(f"{'row':28} {'chunk':>5} {'model':>6} {'grid':>6} {'best chunk':>10} {'best':>6} {'x':>6}")
         for name, lens, heads, qo in bench_rows():
-            c, m, bc, bm = row(lens, heads, qo)
-            print(f"{name:28} {c:5d} {m:6d} {bc:10d} {bm:6d} {m / bm:6.3f}")
+            c, m, g, bc, bm = row(lens, heads, qo)
+            print(f"{name:28} {c:5d} {m:6d} {g:6d} {bc:10d} {bm:6d} {g / bm:6.3f}")
         return
     logs, worst = [], (1.0, "")
     for heads in (16, 128):
@@ -175,10 +185,10 @@ def main():
             fams += [("uniform", kv, kv, 0) for kv in (1024, 4096, 32768)]
             for kind, lo, hi, s in fams:
                 lens = ragged_lens(B, lo, hi, 1000 * B + s) if kind == "ragged" else [lo] * B
-                c, m, bc, bm = row(lens, heads)
-                logs.append(math.log(m / bm))
-                worst = max(worst, (m / bm, f"h{heads} {kind} {B} {lo}..{hi} s{s}: chunk {c} (best {bc})"))
-    print(f"{len(logs)} batches: geomean model / best {math.exp(sum(logs) / len(logs)):.4f}, "
+                c, m, g, bc, bm = row(lens, heads)
+                logs.append(math.log(g / bm))
+                worst = max(worst, (g / bm, f"h{heads} {kind} {B} {lo}..{hi} s{s}: chunk {c} (best {bc})"))
+    print(f"{len(logs)} batches: geomean grid / best {math.exp(sum(logs) / len(logs)):.4f}, "
           f"worst {worst[0]:.3f} ({worst[1]})")
 
 
