@@ -9,6 +9,7 @@
 #   AB_TREES="x=.scratch/x.tar" bash tools/gpu_run.sh tree-ab   (decode variants built beside this tree)
 #   FLASHMLA_KIT=kit.tar.gz bash tools/gpu_run.sh pair-timeline   (the seesaw's pair hand-offs beside FlashMLA's)
 #   AB_TREES="base=.scratch/base.tar" bash tools/gpu_run.sh "land-check tree-ab"   (a kernel change's checks and A/B)
+#   FLASHMLA_KIT=kit.tar.gz bash tools/gpu_run.sh grid   (the whole attn grid with the FlashMLA column)
 #   OUT_PACK=1 bash tools/gpu_run.sh ...   (the logs come back as one file, $OUT/run0.tar.gz)
 # Each step has its own time limit so one slow step cannot eat the call.
 # No argument runs "pytest bench"; an empty one ("") builds and installs only.
@@ -332,6 +333,23 @@ for step in $STEPS; do
       (cd "$ROOT" && PYTHONPATH="/tmp/tl-site${fm:+:$fm}:$PYTHONPATH:$ROOT" timeout 240 python3 research/decode/pair_timeline.py \
         ${PAIR_SHAPES:-8 32768 128 32 8192 128}) > "$OUT/pair-timeline.txt" 2>&1
       echo "pair-timeline rc=$?"; tail -40 "$OUT/pair-timeline.txt" ;;
+    grid)
+      # The whole attn grid as docs/PERFORMANCE.md's table takes it: `bench --mode attn` over every
+      # row, fa3 in the same process, GRID_ROUNDS processes (default 2), with the FlashMLA column
+      # when FLASHMLA_KIT (the kit's .tar.gz) is given and builds (tools/flashmla_build.sh).
+      fm=""
+      if [ -n "${FLASHMLA_KIT:-}" ]; then
+        if bash "$ROOT/tools/flashmla_build.sh" "$FLASHMLA_KIT" > /tmp/fm-grid.out 2> "$OUT/fm-build.txt"; then
+          fm=$(tail -1 /tmp/fm-grid.out)
+        else
+          echo "grid: FlashMLA did not build (fm-build.txt): no FlashMLA column"
+        fi
+      fi
+      for r in $(seq 1 "${GRID_ROUNDS:-2}"); do
+        PYTHONPATH="${fm:+$fm:}$PYTHONPATH" timeout 300 python3 -m mlacore bench --mode attn --json "$OUT/grid-$r.json" \
+          > "$OUT/grid-$r.txt" 2>&1
+        echo "grid ($r): rc=$? $(grep -E "x fa3: geomean|x FlashMLA: geomean|DIFFERS" "$OUT/grid-$r.txt" | tr '\n' ' ')"
+      done ;;
     bench:*)
       modes=""; for m in $(echo "${step#bench:}" | tr ',' ' '); do modes="$modes --mode $m"; done
       timeout 420 python3 -m mlacore bench $modes --json "$OUT/bench.json" \
