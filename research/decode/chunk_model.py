@@ -10,7 +10,7 @@ with every chunk from 1 to the longest request:
     python research/decode/chunk_model.py --families # regret over families of ragged and uniform batches
     python research/decode/chunk_model.py --sweep    # the wave and fill models over the plan's five candidates
 
---sweep needs no mlacore: it restates the plan's five candidates and both models (the wave count
+--sweep needs no mlacore: it restates the plan's candidates and both models (the wave count
 `ceil(CTAs / SMs) * (chunk + 5)` and the list-schedule form of modelled_time() in
 core/src/plan/schedule_algorithm.h) and prints, per model, the greedy makespan of its pick over
 that of the best candidate. "model" is the greedy makespan in tiles for the plan's chunk with its CTAs sorted longest first,
@@ -87,8 +87,10 @@ def bench_rows():
     return rows
 
 
-def candidates(tiles, q):
-    """The plan's five candidate chunks (chunk_bounds, candidate_chunks) with the default max_work."""
+def candidates(tiles, q, balance=False):
+    """The plan's candidate chunks (chunk_bounds, candidate_chunks) with the default max_work: five
+    equal parts of the longest request, and with `balance` the balance bound where lengths differ
+    (plan-fill-model.patch)."""
     cost = sum(q * (t + FIXED) for t in tiles)
     no_split = max(max(tiles), 1)
     cap = min(max(math.ceil(sum(tiles) / SMS), 1), no_split)  # spare = max_work - batch = SMS
@@ -96,7 +98,10 @@ def candidates(tiles, q):
     if bal >= no_split:
         return [no_split]
     most = math.ceil(no_split / bal)
-    return sorted({max(math.ceil(no_split / max(n, 1)), cap) for n in (most, most - 1, most * 3 // 4, most // 2, 1)})
+    cands = {max(math.ceil(no_split / max(n, 1)), cap) for n in (most, most - 1, most * 3 // 4, most // 2, 1)}
+    if balance and len(set(tiles)) > 1:
+        cands.add(bal)
+    return sorted(cands)
 
 
 def wave_time(c, ctas, full, q_kv, same):
@@ -130,33 +135,35 @@ def fill_time(c, ctas, full, q_kv, same):
 
 
 def sweep():
+    """Each model picks among its candidates (wave: main's five; fill: the patch's, with the balance
+    bound); the greedy makespan of its pick over the best of either candidate set."""
     shapes = []
     for B in (1, 2, 4, 8, 16, 32, 64, 96, 128, 256, 512):
         for lo, hi in ((1, 2048), (1, 4096), (1, 16384), (1, 65536), (1024, 8192), (4096, 32768)):
             shapes += [(f"ragged {B} {lo}..{hi} s{s}", ragged_lens(B, lo, hi, 1000 * B + s)) for s in range(3)]
         shapes += [(f"uniform {B} x {kv}", [kv] * B) for kv in (512, 1024, 2048, 4096, 8192, 32768, 65536)]
-    models = (("wave", wave_time), ("fill", fill_time))
-    logs = {n: [] for n, _ in models}
-    worst = {n: (1.0, "") for n, _ in models}
+    models = (("wave", wave_time, False), ("fill, five candidates", fill_time, False), ("fill", fill_time, True))
+    logs = {n: [] for n, _, _ in models}
+    worst = {n: (1.0, "") for n, _, _ in models}
     uniform_worse = 0
     for q in (1, 2, 4):
         for name, lens in shapes:
             tiles = [math.ceil(n / TILE) for n in lens]
             same, q_kv = len(set(tiles)) == 1, q * sum(tiles)
             greedy = {}
-            for c in candidates(tiles, q):
+            for c in candidates(tiles, q, balance=True):
                 n = [1 if t <= c else math.ceil(t / c) for t in tiles]
-                full = q * sum(t // c for t in tiles)
-                greedy[c] = (makespan(tiles, c, q), q * sum(n), full)
+                greedy[c] = (makespan(tiles, c, q), q * sum(n), q * sum(t // c for t in tiles))
             best = min(g for g, _, _ in greedy.values())
             picked = {}
-            for mname, f in models:
-                c = min(greedy, key=lambda c: (f(c, greedy[c][1], greedy[c][2], q_kv, same), -c))
+            for mname, f, bal in models:
+                cs = candidates(tiles, q, balance=bal)
+                c = min(cs, key=lambda c: (f(c, greedy[c][1], greedy[c][2], q_kv, same), -c))
                 picked[mname] = greedy[c][0] / best
                 logs[mname].append(math.log(picked[mname]))
                 worst[mname] = max(worst[mname], (picked[mname], f"q_tiles {q}, {name}: chunk {c}"))
             uniform_worse += name.startswith("uniform") and picked["fill"] > picked["wave"]
-    for mname, _ in models:
+    for mname, _, _ in models:
         w = worst[mname]
         print(f"{mname}: {len(logs[mname])} batches, greedy makespan of its pick over the best candidate's: "
               f"geomean {math.exp(sum(logs[mname]) / len(logs[mname])):.4f}, worst {w[0]:.3f} ({w[1]})")
