@@ -8,16 +8,18 @@ with every chunk from 1 to the longest request:
 
     python research/decode/chunk_model.py            # the bench's attn rows at page 64
     python research/decode/chunk_model.py --families # regret over families of ragged and uniform batches
-    python research/decode/chunk_model.py --sweep    # the wave and fill models over the plan's five candidates
+    python research/decode/chunk_model.py --sweep    # the wave and fill models over the candidates
 
---sweep needs no mlacore: it restates the plan's candidates and both models (the wave count
-`ceil(CTAs / SMs) * (chunk + 5)` and the list-schedule form of modelled_time() in
-core/src/plan/schedule_algorithm.h) and prints, per model, the greedy makespan of its pick over
-that of the best candidate. "model" is the greedy makespan in tiles for the plan's chunk with its CTAs sorted longest first,
-"grid" the same with them in the plan's own order (its length classes), "best" the smallest sorted
-makespan over all chunks, "x" grid over best (1.000: the plan's schedule is the best the model knows). At heads=128 a tile is about
-2.3 us of the sm_90a kernels (docs/design/2026-12-03-balanced-schedule.md); the model ignores the
+"model" is the greedy makespan in tiles of the plan's chunk with its CTAs sorted longest first,
+"grid" the same with them in the plan's own order (its length classes), "best" the smallest
+sorted makespan over all chunks, "x" grid over best (1.000: the plan's schedule is the best the
+model knows). At heads=128 a tile is about 2.3 us of the sm_90a kernels; the model ignores the
 combine and DRAM sharing, so it ranks chunks, it does not predict times.
+
+--sweep needs no mlacore: it restates the plan's candidate chunks and two models, the wave count
+`ceil(CTAs / SMs) * (chunk + 5)` (main) and modelled_time() of
+research/decode/variants/plan-fill-model.patch, and prints, per model, the greedy makespan of its
+pick over that of the best candidate (docs/design/2026-12-03-balanced-schedule.md, 2026-12-08).
 """
 import argparse
 import heapq
@@ -25,10 +27,7 @@ import math
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import mlacore  # noqa: E402
 from bench._mla import ragged_lens  # noqa: E402
 
 SMS, FIXED, TILE = 132, 5, 64
@@ -36,6 +35,8 @@ SMS, FIXED, TILE = 132, 5, 64
 
 def plan_of(lens, heads, qo=1, page=64):
     """The chunk (tiles) and the work items' tile counts, in grid order, of the installed mlacore's plan."""
+    import torch
+    import mlacore
     B = len(lens)
     pages = [math.ceil(n / page) for n in lens]
     kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32)
